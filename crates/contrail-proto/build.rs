@@ -1,0 +1,30 @@
+//! Compiles `proto/` with a vendored `protoc`, so a fresh machine needs no system protobuf compiler.
+
+use std::path::PathBuf;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let manifest_dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?);
+    let proto_root = manifest_dir.join("../../proto");
+    let protos = [
+        "contrail/v1/events.proto",
+        "contrail/ingest/v1/ingest.proto",
+        "contrail/admin/v1/admin.proto",
+    ];
+    // A system protoc wins if the caller points at one; otherwise use the vendored binary.
+    if std::env::var_os("PROTOC").is_none() {
+        // SAFETY-free: build scripts are single-threaded when they set their own environment.
+        let vendored = protoc_bin_vendored::protoc_bin_path()?;
+        // set_var is unsafe in edition 2024; build scripts run single-threaded here.
+        #[allow(unsafe_code)]
+        unsafe {
+            std::env::set_var("PROTOC", vendored);
+        }
+    }
+    let descriptor_path = PathBuf::from(std::env::var("OUT_DIR")?).join("contrail_descriptor.bin");
+    let proto_paths: Vec<PathBuf> = protos.iter().map(|p| proto_root.join(p)).collect();
+    tonic_prost_build::configure()
+        .file_descriptor_set_path(&descriptor_path)
+        .compile_protos(&proto_paths, &[proto_root.clone()])?;
+    println!("cargo:rerun-if-changed={}", proto_root.display());
+    Ok(())
+}

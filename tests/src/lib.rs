@@ -1,0 +1,148 @@
+//! Shared helpers of the cross-service tests in `tests/tests/`: starting stages against the shared
+//! broker with unique topic names, so tests run in parallel without seeing each other's records.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, bail};
+pub use contrail_testkit::*;
+
+/// A unique suffix for topic names and directories of one test.
+pub fn unique(prefix: &str) -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|elapsed| elapsed.subsec_nanos())
+        .unwrap_or(0);
+    format!(
+        "{prefix}-{}-{nanos}-{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::SeqCst)
+    )
+}
+
+/// An ingest process and how to reach it.
+pub struct IngestUnderTest {
+    /// The process.
+    pub process: StageProcess,
+    /// `http://127.0.0.1:PORT`.
+    pub http_url: String,
+    /// `http://127.0.0.1:PORT` of the gRPC server.
+    pub grpc_url: String,
+    /// Raw topic of this test.
+    pub raw_topic: String,
+    /// DLQ topic of this test.
+    pub dlq_topic: String,
+    /// The token it accepts.
+    pub token: String,
+    /// Its working directory (cursors, log).
+    pub dir: PathBuf,
+    env: Vec<(String, String)>,
+}
+
+/// Settings for [`start_ingest`].
+pub struct IngestOptions<'a> {
+    /// Broker address.
+    pub brokers: &'a str,
+    /// Extra `CONTRAIL_*` settings.
+    pub extra_env: Vec<(String, String)>,
+    /// Working directory (created); a fresh temporary one when `None`.
+    pub dir: Option<PathBuf>,
+    /// Topic prefix (reuse one to restart "the same" deployment).
+    pub topic_prefix: Option<String>,
+}
+
+/// Starts ingest with unique topics and a token, and waits until `/readyz` answers 200.
+pub fn start_ingest(options: IngestOptions<'_>) -> Result<IngestUnderTest> {
+    let name = options.topic_prefix.clone().unwrap_or_else(|| unique("t"));
+    let dir = match options.dir {
+        Some(dir) => dir,
+        None => std::env::temp_dir().join(unique("contrail-ingest")),
+    };
+    std::fs::create_dir_all(&dir)?;
+    let http_port = free_port();
+    let grpc_port = free_port();
+    let token = "test-token-0123456789".to_owned();
+    let raw_topic = format!("{name}.ops.events.raw");
+    let dlq_topic = format!("{name}.ops.events.dlq");
+    let mut env = vec![
+        ("CONTRAIL_KAFKA__BROKERS".to_owned(), options.brokers.to_owned()),
+        (
+            "CONTRAIL_LISTEN__HTTP".to_owned(),
+            format!("127.0.0.1:{http_port}"),
+        ),
+        (
+            "CONTRAIL_LISTEN__GRPC".to_owned(),
+            format!("127.0.0.1:{grpc_port}"),
+        ),
+        ("CONTRAIL_TOPICS__RAW".to_owned(), raw_topic.clone()),
+        ("CONTRAIL_TOPICS__DLQ".to_owned(), dlq_topic.clone()),
+        ("CONTRAIL_TOPICS__PARTITIONS".to_owned(), "3".to_owned()),
+        ("CONTRAIL_AUTH__TOKENS".to_owned(), format!("[\"{token}\"]")),
+        (
+            "CONTRAIL_CURSOR_DIR".to_owned(),
+            dir.join("cursors").display().to_string(),
+        ),
+        ("RUST_LOG".to_owned(), "info".to_owned()),
+    ];
+    env.extend(options.extra_env);
+    let binary = workspace_binary("ingest")?;
+    let process = StageProcess::spawn(&binary, &env, &dir.join("ingest.log"))?;
+    let mut ingest = IngestUnderTest {
+        process,
+        http_url: format!("http://127.0.0.1:{http_port}"),
+        grpc_url: format!("http://127.0.0.1:{grpc_port}"),
+        raw_topic,
+        dlq_topic,
+        token,
+        dir,
+        env,
+    };
+    ingest.wait_ready(Duration::from_secs(30))?;
+    Ok(ingest)
+}
+
+impl IngestUnderTest {
+    /// Waits until `/readyz` answers 200.
+    pub fn wait_ready(&mut self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        let url = format!("{}/readyz", self.http_url);
+        while Instant::now() < deadline {
+            if !self.process.is_running() {
+                bail!("ingest exited during start:\n{}", self.process.log());
+            }
+            if let Ok(response) = http_get(&url) {
+                if response.starts_with("HTTP/1.1 200") {
+                    return Ok(());
+                }
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        bail!("ingest not ready after {timeout:?}:\n{}", self.process.log())
+    }
+
+    /// `kill -9`, then the same deployment again (same topics, ports, cursor directory).
+    pub fn restart_after_kill9(&mut self) -> Result<()> {
+        self.process.kill9();
+        let binary = workspace_binary("ingest")?;
+        self.process = StageProcess::spawn(&binary, &self.env, &self.dir.join("ingest.log"))?;
+        self.wait_ready(Duration::from_secs(30))
+    }
+}
+
+/// A minimal blocking HTTP GET (status line and body), for probes.
+pub fn http_get(url: &str) -> Result<String> {
+    use std::io::{Read, Write};
+    let without_scheme = url.trim_start_matches("http://");
+    let (host, path) = without_scheme.split_once('/').unwrap_or((without_scheme, ""));
+    let mut stream = std::net::TcpStream::connect(host)?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(
+        stream,
+        "GET /{path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response)?;
+    Ok(response)
+}
