@@ -12,7 +12,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     ];
     // A system protoc wins if the caller points at one; otherwise use the vendored binary.
     if std::env::var_os("PROTOC").is_none() {
-        // SAFETY-free: build scripts are single-threaded when they set their own environment.
         let vendored = protoc_bin_vendored::protoc_bin_path()?;
         // set_var is unsafe in edition 2024; build scripts run single-threaded here.
         #[allow(unsafe_code)]
@@ -24,7 +23,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let proto_paths: Vec<PathBuf> = protos.iter().map(|p| proto_root.join(p)).collect();
     tonic_prost_build::configure()
         .file_descriptor_set_path(&descriptor_path)
-        .compile_protos(&proto_paths, &[proto_root.clone()])?;
+        .compile_protos(&proto_paths, std::slice::from_ref(&proto_root))?;
     println!("cargo:rerun-if-changed={}", proto_root.display());
     Ok(())
 }

@@ -112,10 +112,8 @@ impl IngestUnderTest {
             if !self.process.is_running() {
                 bail!("ingest exited during start:\n{}", self.process.log());
             }
-            if let Ok(response) = http_get(&url) {
-                if response.starts_with("HTTP/1.1 200") {
-                    return Ok(());
-                }
+            if http_get(&url).is_ok_and(|response| response.starts_with("HTTP/1.1 200")) {
+                return Ok(());
             }
             std::thread::sleep(Duration::from_millis(50));
         }

@@ -197,9 +197,9 @@ async fn every_class_of_bad_input_is_answered_and_dead_lettered() {
             .expect("error")
             .contains("max_body_bytes")
     );
-    let (status, _) = post(&ingest, ndjson(&[good.clone()]), false, Some("wrong-token")).await;
+    let (status, _) = post(&ingest, ndjson(std::slice::from_ref(&good)), false, Some("wrong-token")).await;
     assert_eq!(status, 401);
-    let (status, answer) = post(&ingest, ndjson(&[good.clone()]), false, None).await;
+    let (status, answer) = post(&ingest, ndjson(std::slice::from_ref(&good)), false, None).await;
     assert_eq!(status, 401);
     assert!(answer["error"].as_str().expect("error").contains("Bearer"));
     let (status, answer) = post(&ingest, b"not gzip".to_vec(), true, Some(&ingest.token)).await;

@@ -1,5 +1,9 @@
 //! `contrail`: the command-line tool of the contrail platform.
 
+/// mimalloc: ingest is allocation-heavy (JSON values per record); see docs/BENCHMARKS.md.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};

@@ -218,7 +218,7 @@ fn write_ndjson(
         serde_json::to_writer(&mut writer, &delivery.event.to_json())?;
         writer.write_all(b"\n")?;
         written += 1;
-        if written % 10_000 == 0 {
+        if written.is_multiple_of(10_000) {
             progress.set_position(written);
         }
     }

@@ -147,6 +147,7 @@ impl Default for ListenConfig {
 }
 
 #[cfg(test)]
+#[allow(clippy::result_large_err)] // figment::Jail's closures return figment::Error by design.
 mod tests {
     use super::*;
 

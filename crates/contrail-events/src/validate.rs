@@ -272,11 +272,7 @@ fn validate_flight(flight: &Map<String, Value>, errors: &mut Vec<FieldError>) ->
             errors.push(FieldError::new("flight.date", "is required"));
             None
         }
-        Some(Value::String(date))
-            if date.len() == 10 && NaiveDate::parse_from_str(date, "%Y-%m-%d").is_ok() =>
-        {
-            Some(date.clone())
-        }
+        Some(Value::String(date)) if parse_service_date(date).is_some() => Some(date.clone()),
         Some(other) => {
             errors.push(FieldError::new(
                 "flight.date",
@@ -302,6 +298,25 @@ fn validate_flight(flight: &Map<String, Value>, errors: &mut Vec<FieldError>) ->
         origin: origin?,
         service_date: service_date?,
     })
+}
+
+/// Parses `YYYY-MM-DD` strictly (four-digit year, two-digit month and day, a real date). Written out
+/// because chrono's format-string parser showed up in ingest profiles.
+fn parse_service_date(text: &str) -> Option<NaiveDate> {
+    let bytes = text.as_bytes();
+    if bytes.len() != 10 || bytes[4] != b'-' || bytes[7] != b'-' {
+        return None;
+    }
+    let number = |range: std::ops::Range<usize>| -> Option<u32> {
+        let digits = bytes.get(range)?;
+        digits.iter().try_fold(0u32, |value, digit| {
+            digit
+                .is_ascii_digit()
+                .then(|| value * 10 + u32::from(digit - b'0'))
+        })
+    };
+    let year = i32::try_from(number(0..4)?).ok()?;
+    NaiveDate::from_ymd_opt(year, number(5..7)?, number(8..10)?)
 }
 
 fn validate_data(
@@ -580,6 +595,24 @@ mod tests {
         record["event_time"] = json!("2013-01-01T05:17:00-05:00");
         let event = validate_record(&record, &Limits::default(), 0).expect("valid");
         assert_eq!(event.event_time_us, 1_357_035_420_000_000);
+    }
+
+    #[test]
+    fn service_dates_are_strict() {
+        assert!(parse_service_date("2013-01-01").is_some());
+        assert!(parse_service_date("2012-02-29").is_some());
+        for bad in [
+            "2013-02-29",
+            "2013-1-01",
+            "2013/01/01",
+            "20130101xx",
+            "2013-13-01",
+            "+013-01-01",
+            "2013-01-0a",
+            "",
+        ] {
+            assert!(parse_service_date(bad).is_none(), "{bad}");
+        }
     }
 
     #[test]

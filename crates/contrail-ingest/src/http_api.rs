@@ -100,9 +100,9 @@ async fn post_events(
     let max_records = state.max_records_per_request;
     let split = tokio::task::spawn_blocking(move || -> Result<_, (StatusCode, String)> {
         let body = if gzipped {
-            gunzip(&raw_body, max_body_bytes)?
+            bytes::Bytes::from(gunzip(&raw_body, max_body_bytes)?)
         } else {
-            raw_body.to_vec()
+            raw_body
         };
         let records =
             split_body(&body).map_err(|error: BodyError| (StatusCode::BAD_REQUEST, error.to_string()))?;

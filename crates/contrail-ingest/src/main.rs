@@ -1,5 +1,9 @@
 //! `ingest`: the front door of contrail. See the `contrail_ingest` crate docs.
 
+/// mimalloc: ingest is allocation-heavy (JSON values per record); see docs/BENCHMARKS.md.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use contrail_events::{BodyRecord, FieldError, Limits, OperationalEvent, validate_record};
+use contrail_events::{BodyRecord, FieldError, Limits, validate_record};
 use contrail_proto::v1::DeadLetter;
 use prost::Message;
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
@@ -119,7 +119,8 @@ struct PipelineInner {
 
 enum Validated {
     Valid {
-        event: OperationalEvent,
+        event_id: String,
+        flight_key: String,
         payload: Vec<u8>,
     },
     Invalid {
@@ -218,15 +219,19 @@ impl Pipeline {
         let mut deliveries: Vec<(usize, Option<DeliveryFuture>)> = Vec::with_capacity(count);
         for (index, item) in validated.into_iter().enumerate() {
             match item {
-                Validated::Valid { event, payload } => {
+                Validated::Valid {
+                    event_id,
+                    flight_key,
+                    payload,
+                } => {
                     let record = FutureRecord::to(&inner.topics.raw)
-                        .key(event.flight_key.as_bytes())
+                        .key(flight_key.as_bytes())
                         .payload(&payload);
                     deliveries.push((index, inner.producer.send_result(record).ok()));
                     outcomes.push(RecordOutcome {
                         index,
-                        event_id: Some(event.event_id),
-                        flight_key: Some(event.flight_key),
+                        event_id: Some(event_id),
+                        flight_key: Some(flight_key),
                         status: RecordStatus::Accepted,
                     });
                 }
@@ -344,7 +349,11 @@ fn validate_batch(records: Vec<BodyRecord>, limits: &Limits, origin: &str) -> Ve
             BodyRecord::Parsed { index, value, raw } => match validate_record(&value, limits, now_us) {
                 Ok(event) => {
                     let payload = event.encode_to_vec();
-                    Validated::Valid { event, payload }
+                    Validated::Valid {
+                        event_id: event.event_id,
+                        flight_key: event.flight_key,
+                        payload,
+                    }
                 }
                 Err(errors) => {
                     let event_id = value

