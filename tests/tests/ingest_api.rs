@@ -197,7 +197,13 @@ async fn every_class_of_bad_input_is_answered_and_dead_lettered() {
             .expect("error")
             .contains("max_body_bytes")
     );
-    let (status, _) = post(&ingest, ndjson(std::slice::from_ref(&good)), false, Some("wrong-token")).await;
+    let (status, _) = post(
+        &ingest,
+        ndjson(std::slice::from_ref(&good)),
+        false,
+        Some("wrong-token"),
+    )
+    .await;
     assert_eq!(status, 401);
     let (status, answer) = post(&ingest, ndjson(std::slice::from_ref(&good)), false, None).await;
     assert_eq!(status, 401);

@@ -38,8 +38,8 @@ struct Args {
     /// Events per HTTP request in part (a).
     #[arg(long, default_value_t = 1000)]
     batch_size: usize,
-    /// Requests in flight in part (a).
-    #[arg(long, default_value_t = 8)]
+    /// Requests in flight in part (a) (many clients post at once to a real ingest endpoint).
+    #[arg(long, default_value_t = 16)]
     concurrency: usize,
     /// Pages per simulated source in part (b).
     #[arg(long, default_value_t = 40)]
@@ -211,9 +211,10 @@ async fn http_ingest_rate(
     Ok(rate)
 }
 
+/// Pre-rendered pages (JSON bodies) per source, so the simulated sources cost no CPU beyond HTTP.
 #[derive(Clone)]
 struct SimulatedFeeds {
-    pages: Arc<BTreeMap<String, Vec<Vec<Value>>>>,
+    pages: Arc<BTreeMap<String, Vec<bytes::Bytes>>>,
     latency: Duration,
 }
 
@@ -226,14 +227,12 @@ async fn serve_page(
     axum::extract::State(feeds): axum::extract::State<SimulatedFeeds>,
     axum::extract::Path(name): axum::extract::Path<String>,
     axum::extract::Query(query): axum::extract::Query<PageQuery>,
-) -> axum::Json<Value> {
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
     tokio::time::sleep(feeds.latency).await;
     let pages = feeds.pages.get(&name).map(Vec::as_slice).unwrap_or(&[]);
-    let position = query.cursor.unwrap_or(0);
-    let events = pages.get(position).cloned().unwrap_or_default();
-    axum::Json(
-        json!({"events": events, "next_cursor": (position + 1).to_string(), "has_more": position + 1 < pages.len()}),
-    )
+    let body = pages.get(query.cursor.unwrap_or(0)).cloned().unwrap_or_default();
+    ([(axum::http::header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
 struct FinitePoll(HttpPollSource);
@@ -270,10 +269,17 @@ async fn pull_rate(brokers: &str, events: &[Value], args: &Args, parallel: bool)
     let per_source = args.pages * args.page_size;
     for source in 0..args.sources {
         let slice = &events[source * per_source..(source + 1) * per_source];
-        pages.insert(
-            format!("s{source}"),
-            slice.chunks(args.page_size).map(<[Value]>::to_vec).collect(),
-        );
+        let page_count = slice.len().div_ceil(args.page_size);
+        let rendered = slice
+            .chunks(args.page_size)
+            .enumerate()
+            .map(|(position, events)| {
+                let page = json!({"events": events, "next_cursor": (position + 1).to_string(),
+                                  "has_more": position + 1 < page_count});
+                bytes::Bytes::from(page.to_string())
+            })
+            .collect();
+        pages.insert(format!("s{source}"), rendered);
     }
     let feeds = SimulatedFeeds {
         pages: Arc::new(pages),

@@ -10,9 +10,11 @@
 //! - unknown fields are never lost: they are carried in `extra_json` for history.
 
 mod body;
+mod fast;
 mod validate;
 
 pub use body::{BodyError, BodyRecord, split_body};
+pub use fast::validate_json;
 pub use validate::{FieldError, Limits, event_type_from_name, event_type_name, flight_key, validate_record};
 
 pub use contrail_proto::v1::{EventData, EventType, FlightRef, OperationalEvent};

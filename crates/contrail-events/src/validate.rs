@@ -231,14 +231,7 @@ fn validate_flight(flight: &Map<String, Value>, errors: &mut Vec<FieldError>) ->
             errors.push(FieldError::new("flight.carrier", "is required"));
             None
         }
-        Some(Value::String(code))
-            if (2..=3).contains(&code.len())
-                && code
-                    .bytes()
-                    .all(|byte| byte.is_ascii_uppercase() || byte.is_ascii_digit()) =>
-        {
-            Some(code.clone())
-        }
+        Some(Value::String(code)) if carrier_ok(code) => Some(code.clone()),
         Some(other) => {
             errors.push(FieldError::new(
                 "flight.carrier",
@@ -300,9 +293,35 @@ fn validate_flight(flight: &Map<String, Value>, errors: &mut Vec<FieldError>) ->
     })
 }
 
+/// Whether a string field is acceptable: non-empty, at most `max_chars` characters, no control
+/// characters. The fast path and the reporting path share this predicate.
+pub(crate) fn text_ok(text: &str, max_chars: usize) -> bool {
+    !text.is_empty() && text.chars().count() <= max_chars && !text.chars().any(char::is_control)
+}
+
+/// A 2–3 character carrier code of upper-case letters and digits.
+pub(crate) fn carrier_ok(code: &str) -> bool {
+    (2..=3).contains(&code.len())
+        && code
+            .bytes()
+            .all(|byte| byte.is_ascii_uppercase() || byte.is_ascii_digit())
+}
+
+/// A 3-letter upper-case IATA airport code.
+pub(crate) fn airport_code_ok(code: &str) -> bool {
+    code.len() == 3 && code.bytes().all(|byte| byte.is_ascii_uppercase())
+}
+
+/// RFC 3339 → UTC microseconds.
+pub(crate) fn parse_rfc3339_us(text: &str) -> Option<i64> {
+    DateTime::parse_from_rfc3339(text)
+        .ok()
+        .map(|time| time.timestamp_micros())
+}
+
 /// Parses `YYYY-MM-DD` strictly (four-digit year, two-digit month and day, a real date). Written out
 /// because chrono's format-string parser showed up in ingest profiles.
-fn parse_service_date(text: &str) -> Option<NaiveDate> {
+pub(crate) fn parse_service_date(text: &str) -> Option<NaiveDate> {
     let bytes = text.as_bytes();
     if bytes.len() != 10 || bytes[4] != b'-' || bytes[7] != b'-' {
         return None;
@@ -417,9 +436,7 @@ fn airport_code(
             }
             None
         }
-        Some(Value::String(code)) if code.len() == 3 && code.bytes().all(|b| b.is_ascii_uppercase()) => {
-            Some(code.clone())
-        }
+        Some(Value::String(code)) if airport_code_ok(code) => Some(code.clone()),
         Some(other) => {
             errors.push(FieldError::new(
                 path,

@@ -1,7 +1,7 @@
 //! Property tests of the decoders: no input, however hostile, makes them panic, and valid records
 //! survive the JSON → protobuf → bytes → protobuf round trip unchanged.
 
-use contrail_events::{BodyRecord, Limits, OperationalEvent, split_body, validate_record};
+use contrail_events::{BodyRecord, Limits, OperationalEvent, split_body, validate_json, validate_record};
 use proptest::prelude::*;
 use prost::Message;
 use serde_json::{Value, json};
@@ -36,6 +36,18 @@ fn arbitrary_json() -> impl Strategy<Value = Value> {
             .prop_map(|map| Value::Object(map.into_iter().collect())),
         ]
     })
+}
+
+/// The documented equivalence: `validate_json(bytes)` equals parsing `bytes` into a `Value` and
+/// calling `validate_record` on it.
+fn assert_paths_agree(value: &Value) -> Result<(), TestCaseError> {
+    let bytes = serde_json::to_vec(value).expect("serialize");
+    let reparsed: Value = serde_json::from_slice(&bytes).expect("reparse");
+    prop_assert_eq!(
+        validate_json(&bytes, &Limits::default(), 9),
+        validate_record(&reparsed, &Limits::default(), 9)
+    );
+    Ok(())
 }
 
 /// Records that follow the contract, to check that validation accepts them.
@@ -75,13 +87,13 @@ proptest! {
 
     #[test]
     fn split_body_never_panics_on_bytes(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
-        let _ = split_body(&bytes);
+        let _ = split_body(&bytes::Bytes::from(bytes));
     }
 
     #[test]
     fn split_body_never_panics_on_text_lines(lines in prop::collection::vec(".{0,60}", 0..8)) {
         let body = lines.join("\n");
-        if let Ok(records) = split_body(body.as_bytes()) {
+        if let Ok(records) = split_body(&bytes::Bytes::from(body.clone())) {
             for (position, record) in records.iter().enumerate() {
                 prop_assert_eq!(record.index(), position);
             }
@@ -98,6 +110,30 @@ proptest! {
                                                     field in prop::sample::select(vec!["event_id", "type", "event_time", "flight", "data", "source"])) {
         record[field] = junk;
         let _ = validate_record(&record, &Limits::default(), 0);
+    }
+
+    #[test]
+    fn validate_json_never_panics_on_bytes(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
+        let _ = validate_json(&bytes, &Limits::default(), 0);
+    }
+
+    /// The fast path and the reporting path agree on every record, valid or not.
+    #[test]
+    fn fast_path_equals_reporting_path(value in arbitrary_json()) {
+        assert_paths_agree(&value)?;
+    }
+
+    #[test]
+    fn fast_path_equals_reporting_path_near_valid(mut record in valid_record(), junk in arbitrary_json(),
+                                                  field in prop::sample::select(vec!["event_id", "type", "event_time", "flight", "data", "source"]),
+                                                  drop_extra in any::<bool>()) {
+        if drop_extra {
+            // Without the unknown data field the record takes the fast path.
+            record["data"].as_object_mut().map(|data| data.remove("extra_field"));
+            assert_paths_agree(&record)?;
+        }
+        record[field] = junk;
+        assert_paths_agree(&record)?;
     }
 
     #[test]
@@ -118,9 +154,14 @@ proptest! {
         // The same record, sent as NDJSON twice, yields two parsed records.
         let line = serde_json::to_string(&record).expect("serialize");
         let body = format!("{line}\n{line}\n");
-        let records = split_body(body.as_bytes()).expect("not empty");
+        let records = split_body(&bytes::Bytes::from(body.clone())).expect("not empty");
         prop_assert_eq!(records.len(), 2);
-        let all_parsed = records.iter().all(|r| matches!(r, BodyRecord::Parsed { .. }));
-        prop_assert!(all_parsed, "every line parses");
+        for record in &records {
+            let BodyRecord::Raw { raw, .. } = record else {
+                return Err(TestCaseError::fail(format!("expected raw records, got {record:?}")));
+            };
+            let fast = validate_json(raw, &Limits::default(), 42);
+            prop_assert_eq!(fast.as_ref(), Ok(&event));
+        }
     }
 }

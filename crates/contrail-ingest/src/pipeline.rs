@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use contrail_events::{BodyRecord, FieldError, Limits, validate_record};
+use contrail_events::{BodyRecord, FieldError, Limits, validate_json, validate_record};
 use contrail_proto::v1::DeadLetter;
 use prost::Message;
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
@@ -361,6 +361,29 @@ fn validate_batch(records: Vec<BodyRecord>, limits: &Limits, origin: &str) -> Ve
                         .and_then(|id| id.as_str())
                         .map(|id| id.chars().take(limits.max_event_id_chars).collect());
                     let dead_letter = dead_letter(index, raw, &errors, origin, now_us);
+                    Validated::Invalid {
+                        event_id,
+                        errors,
+                        dead_letter,
+                    }
+                }
+            },
+            BodyRecord::Raw { index, raw } => match validate_json(&raw, limits, now_us) {
+                Ok(event) => {
+                    let payload = event.encode_to_vec();
+                    Validated::Valid {
+                        event_id: event.event_id,
+                        flight_key: event.flight_key,
+                        payload,
+                    }
+                }
+                Err(errors) => {
+                    // Rare path: parse again only to key the dead letter by its event id.
+                    let event_id = serde_json::from_slice::<serde_json::Value>(&raw)
+                        .ok()
+                        .and_then(|value| value.get("event_id")?.as_str().map(str::to_owned))
+                        .map(|id| id.chars().take(limits.max_event_id_chars).collect());
+                    let dead_letter = dead_letter(index, raw.to_vec(), &errors, origin, now_us);
                     Validated::Invalid {
                         event_id,
                         errors,

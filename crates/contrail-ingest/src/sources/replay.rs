@@ -104,7 +104,7 @@ impl ReplaySource {
         let mut records = Vec::with_capacity(page_size);
         if let Some(stream) = state.stream.as_mut() {
             for delivery in stream.by_ref().take(page_size) {
-                records.push(delivery.event.to_json());
+                records.push(bytes::Bytes::from(delivery.event.to_json().to_string()));
             }
         }
         let fetched = records.len() as u64;
