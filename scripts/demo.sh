@@ -16,9 +16,16 @@ CONTRAIL_KAFKA__BROKERS="127.0.0.1:$broker_port" CONTRAIL_LISTEN__HTTP=127.0.0.1
 CONTRAIL_LISTEN__GRPC=127.0.0.1:9090 CONTRAIL_CURSOR_DIR="$work/cursors" \
   "$bin/ingest" 2>"$work/ingest.log" &
 ingest_pid=$!
-trap 'kill $ingest_pid 2>/dev/null; wait $ingest_pid 2>/dev/null; kill $broker_pid 2>/dev/null; echo "logs: $work"' EXIT
+stop() {
+  kill "$ingest_pid" 2>/dev/null || true
+  wait "$ingest_pid" 2>/dev/null || true
+  kill "$broker_pid" 2>/dev/null || true
+  echo "logs: $work"
+}
+trap stop EXIT
 for _ in $(seq 1 100); do
   curl -fs http://127.0.0.1:8080/readyz >/dev/null 2>&1 && break
+  kill -0 "$ingest_pid" 2>/dev/null || { echo "ingest failed to start:"; cat "$work/ingest.log"; exit 1; }
   sleep 0.1
 done
 if [ $# -eq 0 ]; then set -- --from 2013-01-01 --to 2013-01-01; fi

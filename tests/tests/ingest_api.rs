@@ -370,3 +370,105 @@ async fn sigterm_drains_and_exits_cleanly() {
     assert!(exit.success(), "exit status {exit:?}\n{}", ingest.process.log());
     assert!(ingest.process.log().contains("ingest stopped"));
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn grpc_health_and_reflection_work_without_proto_files() {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+
+    let ingest = start();
+    let channel = tonic::transport::Endpoint::from_shared(ingest.grpc_url.clone())
+        .expect("url")
+        .connect()
+        .await
+        .expect("connect");
+    let mut health = HealthClient::new(channel.clone());
+    for service in [
+        "",
+        "contrail.ingest.v1.IngestService",
+        "contrail.admin.v1.AdminService",
+    ] {
+        let status = health
+            .check(HealthCheckRequest {
+                service: service.to_owned(),
+            })
+            .await
+            .expect("health check")
+            .into_inner()
+            .status;
+        assert_eq!(status, ServingStatus::Serving as i32, "service {service:?}");
+    }
+    let mut reflection = ServerReflectionClient::new(channel);
+    let request = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut responses = reflection
+        .server_reflection_info(futures::stream::iter(vec![request]))
+        .await
+        .expect("reflection")
+        .into_inner();
+    let response = responses.message().await.expect("stream").expect("one response");
+    let Some(MessageResponse::ListServicesResponse(list)) = response.message_response else {
+        panic!("unexpected reflection answer {response:?}");
+    };
+    let names: BTreeSet<String> = list.service.into_iter().map(|service| service.name).collect();
+    for expected in [
+        "contrail.ingest.v1.IngestService",
+        "contrail.admin.v1.AdminService",
+        "grpc.health.v1.Health",
+    ] {
+        assert!(names.contains(expected), "{expected} missing from {names:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn admin_api_reports_status_pauses_and_requires_the_token() {
+    use contrail_proto::admin::v1::{
+        PauseRequest, ResumeRequest, StatusRequest, admin_service_client::AdminServiceClient,
+    };
+    let ingest = start();
+    let (status, _) = post(&ingest, ndjson(&real_events(7)), false, Some(&ingest.token)).await;
+    assert_eq!(status, 202);
+    let mut admin = AdminServiceClient::connect(ingest.grpc_url.clone())
+        .await
+        .expect("connect");
+    let denied = admin.status(StatusRequest {}).await.expect_err("no token");
+    assert_eq!(denied.code(), tonic::Code::Unauthenticated);
+    let with_token = |message| {
+        let mut request = tonic::Request::new(message);
+        request.metadata_mut().insert(
+            "authorization",
+            format!("Bearer {}", ingest.token).parse().expect("ascii"),
+        );
+        request
+    };
+    let report = admin
+        .status(with_token(StatusRequest {}))
+        .await
+        .expect("status")
+        .into_inner();
+    assert_eq!(report.stage, "ingest");
+    assert!(report.ready);
+    assert_eq!(report.counters.get("events_accepted_total").copied(), Some(7.0));
+    let mut request = tonic::Request::new(PauseRequest {});
+    request.metadata_mut().insert(
+        "authorization",
+        format!("Bearer {}", ingest.token).parse().expect("ascii"),
+    );
+    assert!(admin.pause(request).await.expect("pause").into_inner().paused);
+    let (status, answer) = post(&ingest, ndjson(&real_events(1)), false, Some(&ingest.token)).await;
+    assert_eq!(status, 503, "paused ingest refuses: {answer}");
+    let mut request = tonic::Request::new(ResumeRequest {});
+    request.metadata_mut().insert(
+        "authorization",
+        format!("Bearer {}", ingest.token).parse().expect("ascii"),
+    );
+    admin.resume(request).await.expect("resume");
+    let (status, _) = post(&ingest, ndjson(&real_events(1)), false, Some(&ingest.token)).await;
+    assert_eq!(status, 202);
+}

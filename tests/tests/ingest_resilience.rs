@@ -47,7 +47,7 @@ async fn broker_outage_is_answered_503_or_429_and_nothing_acknowledged_is_lost()
         brokers: &broker.address,
         extra_env: vec![
             ("CONTRAIL_LIMITS__PRODUCE_TIMEOUT_MS".into(), "1500".into()),
-            ("CONTRAIL_LIMITS__MAX_IN_FLIGHT_RECORDS".into(), "400".into()),
+            ("CONTRAIL_LIMITS__MAX_IN_FLIGHT_RECORDS".into(), "100".into()),
             ("CONTRAIL_LIMITS__MAX_RECORDS_PER_REQUEST".into(), "100".into()),
         ],
         dir: None,
@@ -140,7 +140,10 @@ async fn broker_outage_is_answered_503_or_429_and_nothing_acknowledged_is_lost()
             .all(|status| matches!(status, 429 | 503)),
         "during the outage ingest must refuse, never acknowledge: {statuses_while_paused:?}"
     );
+    // First the broker does not ack in time (503); once unacknowledged records fill the in-flight
+    // capacity, requests are refused up front (429): memory stays bounded during the outage.
     assert!(statuses_while_paused.contains(&503), "{statuses_while_paused:?}");
+    assert!(statuses_while_paused.contains(&429), "{statuses_while_paused:?}");
     assert!(saw_not_ready, "/readyz reports the outage");
     assert!(statuses_after_resume.ends_with(&[202, 202, 202, 202, 202]));
 
@@ -298,4 +301,55 @@ async fn pull_sources_survive_kill9_and_resume_from_their_cursor() {
         repeated <= 2 * 40,
         "{repeated} events were re-published; at most one page per source may be"
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_replay_source_publishes_the_seeded_feed_exactly() {
+    let data_dir = contrail_flightdata::default_data_dir().expect("data");
+    let dir = std::env::temp_dir().join(contrail_integration_tests::unique("replay-source"));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let config_path = dir.join("ingest.toml");
+    std::fs::write(
+        &config_path,
+        format!(
+            "[[sources]]\nkind = \"replay\"\nname = \"nyc\"\ndata_dir = \"{}\"\nfrom = \"2013-04-01\"\nto = \"2013-04-01\"\n\
+             seed = 5\nduplicate_rate = 0.1\nmax_disorder_minutes = 10\npage_size = 700\n",
+            data_dir.display()
+        ),
+    )
+    .expect("config");
+    let ingest = start_ingest(IngestOptions {
+        brokers: &shared_broker().address,
+        extra_env: vec![("CONTRAIL_CONFIG_FILE".into(), config_path.display().to_string())],
+        dir: Some(dir),
+        topic_prefix: None,
+    })
+    .expect("ingest starts");
+    // Independently: the same seeded feed.
+    let day = chrono::NaiveDate::from_ymd_opt(2013, 4, 1);
+    let data = contrail_flightdata::FlightData::load(&data_dir, day, day).expect("load");
+    let config = contrail_flightdata::ReplayConfig {
+        seed: 5,
+        duplicate_rate: 0.1,
+        max_disorder: chrono::Duration::minutes(10),
+        ..Default::default()
+    };
+    let expected: Vec<String> = contrail_flightdata::ReplayStream::new(data, config)
+        .map(|delivery| delivery.event.event_id)
+        .collect();
+    let brokers = shared_broker().address.clone();
+    let topic = ingest.raw_topic.clone();
+    let count = expected.len();
+    let landed = tokio::task::spawn_blocking(move || ids_on_topic(&brokers, &topic, count))
+        .await
+        .expect("join");
+    let mut expected_sorted = expected.clone();
+    expected_sorted.sort();
+    let mut landed_sorted = landed.clone();
+    landed_sorted.sort();
+    assert_eq!(
+        landed_sorted, expected_sorted,
+        "every delivery, duplicates included, exactly once"
+    );
+    assert!(count > 5000, "a day of New York flights: {count} deliveries");
 }

@@ -18,14 +18,24 @@ use crate::CommonError;
 /// Prefix of every contrail environment variable.
 pub const ENV_PREFIX: &str = "CONTRAIL_";
 
+/// `CONTRAIL_*` variables that are read by tools, not stage config keys: the config file's name,
+/// `contrail replay`'s target and token, the flight data folder, the test broker binary. Every
+/// other `CONTRAIL_*` variable must be a key of the stage's config.
+pub const TOOL_VARIABLES: [&str; 5] = [
+    "config_file",
+    "ingest_url",
+    "ingest_token",
+    "flight_data",
+    "tansu_bin",
+];
+
 /// Loads a stage's config: its `Default`, then the TOML file if given, then `CONTRAIL_…` variables.
 pub fn load<T>(file: Option<&Path>) -> Result<T, CommonError>
 where
     T: DeserializeOwned + Serialize + Default,
 {
-    // `CONTRAIL_CONFIG_FILE` names the file (read by the binaries' CLI), it is not a key.
     let environment = Env::prefixed(ENV_PREFIX)
-        .filter(|key| key != "config_file")
+        .filter(|key| !TOOL_VARIABLES.iter().any(|tool| key == *tool))
         .split("__");
     load_from(file, environment)
 }
@@ -191,6 +201,18 @@ mod tests {
             jail.set_env("TESTCFG_COLOUR", "blue");
             let error = load_from::<Sample>(None, Env::prefixed("TESTCFG_")).expect_err("unknown env");
             assert!(error.to_string().contains("colour"), "{error}");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn tool_variables_are_not_config_keys() {
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("CONTRAIL_INGEST_TOKEN", "t");
+            jail.set_env("CONTRAIL_TANSU_BIN", "/bin/true");
+            jail.set_env("CONTRAIL_NAME", "from-env");
+            let config: Sample = load(None).map_err(|error| error.to_string())?;
+            assert_eq!(config.name, "from-env");
             Ok(())
         });
     }
