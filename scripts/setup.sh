@@ -7,6 +7,8 @@ need_apt=()
 dpkg -s pkg-config >/dev/null 2>&1 || need_apt+=(pkg-config)
 dpkg -s libssl-dev >/dev/null 2>&1 || need_apt+=(libssl-dev)
 dpkg -s zlib1g-dev >/dev/null 2>&1 || need_apt+=(zlib1g-dev)
+# librocksdb-sys runs bindgen, which needs libclang (only libclang-cpp is preinstalled).
+dpkg -s libclang-dev >/dev/null 2>&1 || need_apt+=(libclang-dev)
 dpkg -s g++ >/dev/null 2>&1 || need_apt+=(g++)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing ${need_apt[*]}"

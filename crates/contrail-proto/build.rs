@@ -9,6 +9,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "contrail/v1/events.proto",
         "contrail/ingest/v1/ingest.proto",
         "contrail/admin/v1/admin.proto",
+        "contrail/state/v1/dedup.proto",
     ];
     // A system protoc wins if the caller points at one; otherwise use the vendored binary.
     if std::env::var_os("PROTOC").is_none() {

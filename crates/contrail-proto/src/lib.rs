@@ -26,5 +26,13 @@ pub mod admin {
     }
 }
 
+/// State stored by stateful stages.
+pub mod state {
+    /// Version 1.
+    pub mod v1 {
+        tonic::include_proto!("contrail.state.v1");
+    }
+}
+
 /// Encoded `FileDescriptorSet` of every contrail proto, for gRPC reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("contrail_descriptor");

@@ -1,0 +1,209 @@
+//! The fold of operational events into a [`FlightState`] (DESIGN §3.4). Pure.
+
+use contrail_proto::v1::{EventType, FlightState, OperationalEvent};
+
+/// Status names, as stored in `FlightState.status`.
+pub mod status {
+    /// SCHEDULED seen.
+    pub const SCHEDULED: &str = "SCHEDULED";
+    /// BOARDING seen.
+    pub const BOARDING: &str = "BOARDING";
+    /// OUT: pushed back from the gate.
+    pub const DEPARTED: &str = "DEPARTED";
+    /// OFF: wheels up.
+    pub const AIRBORNE: &str = "AIRBORNE";
+    /// ON: wheels down.
+    pub const LANDED: &str = "LANDED";
+    /// IN: at the arrival gate.
+    pub const ARRIVED: &str = "ARRIVED";
+    /// CANCELLED.
+    pub const CANCELLED: &str = "CANCELLED";
+    /// DIVERTED.
+    pub const DIVERTED: &str = "DIVERTED";
+}
+
+/// An empty state for a flight, identified by its key and the event's flight reference.
+pub fn empty_state(event: &OperationalEvent) -> FlightState {
+    let flight = event.flight.clone().unwrap_or_default();
+    FlightState {
+        flight_key: event.flight_key.clone(),
+        carrier: flight.carrier,
+        flight_number: flight.number,
+        origin: flight.origin,
+        service_date: flight.service_date,
+        ..FlightState::default()
+    }
+}
+
+/// Applies one event to a state. The caller applies events in (event_time, event_id) order; the
+/// version and provenance are set by the caller.
+pub fn apply(state: &mut FlightState, event: &OperationalEvent) {
+    let data = event.data.clone().unwrap_or_default();
+    let event_type = EventType::try_from(event.r#type).unwrap_or(EventType::Unspecified);
+    match event_type {
+        EventType::Scheduled => {
+            set_if_some(&mut state.scheduled_out_us, data.scheduled_out_us);
+            set_if_some(&mut state.scheduled_in_us, data.scheduled_in_us);
+            set_if_some(&mut state.destination, data.destination);
+            set_if_some(&mut state.tail_number, data.tail_number);
+            state.status = status::SCHEDULED.to_owned();
+        }
+        EventType::Estimated => {
+            set_if_some(&mut state.estimated_out_us, data.estimated_out_us);
+            set_if_some(&mut state.estimated_in_us, data.estimated_in_us);
+        }
+        EventType::GateAssigned => {
+            set_if_some(&mut state.gate, data.gate);
+            set_if_some(&mut state.terminal, data.terminal);
+        }
+        EventType::Boarding => state.status = status::BOARDING.to_owned(),
+        EventType::Delayed => {
+            if let Some(minutes) = data.delay_minutes {
+                state.delay_minutes = Some(minutes);
+                if let Some(scheduled_out) = state.scheduled_out_us {
+                    state.estimated_out_us = Some(scheduled_out + i64::from(minutes) * 60_000_000);
+                }
+            }
+            if let Some(code) = data.delay_code {
+                state.delay_codes.push(code);
+            }
+        }
+        EventType::TailAssigned => set_if_some(&mut state.tail_number, data.tail_number),
+        EventType::Out => {
+            state.actual_out_us = Some(event.event_time_us);
+            set_if_some(&mut state.gate, data.gate);
+            state.status = status::DEPARTED.to_owned();
+        }
+        EventType::Off => {
+            state.actual_off_us = Some(event.event_time_us);
+            state.status = status::AIRBORNE.to_owned();
+        }
+        EventType::On => {
+            state.actual_on_us = Some(event.event_time_us);
+            state.status = status::LANDED.to_owned();
+        }
+        EventType::In => {
+            state.actual_in_us = Some(event.event_time_us);
+            state.status = status::ARRIVED.to_owned();
+        }
+        EventType::Cancelled => state.status = status::CANCELLED.to_owned(),
+        EventType::Diverted => {
+            set_if_some(&mut state.diverted_to, data.diverted_to);
+            state.status = status::DIVERTED.to_owned();
+        }
+        EventType::Unspecified => {}
+    }
+    state.last_event_id = event.event_id.clone();
+    state.last_event_time_us = event.event_time_us;
+    state.updated_at_us = state.updated_at_us.max(event.event_time_us);
+}
+
+fn set_if_some<T>(target: &mut Option<T>, value: Option<T>) {
+    if value.is_some() {
+        *target = value;
+    }
+}
+
+/// The (event_time, event_id) order in which events are applied.
+pub fn order_key(event: &OperationalEvent) -> (i64, &str) {
+    (event.event_time_us, event.event_id.as_str())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use contrail_proto::v1::{EventData, FlightRef};
+
+    fn event(id: &str, event_type: EventType, minute: i64, data: EventData) -> OperationalEvent {
+        OperationalEvent {
+            event_id: id.to_owned(),
+            r#type: event_type as i32,
+            event_time_us: minute * 60_000_000,
+            flight_key: "UA1-2013-01-01-EWR".to_owned(),
+            flight: Some(FlightRef {
+                carrier: "UA".into(),
+                number: 1,
+                origin: "EWR".into(),
+                service_date: "2013-01-01".into(),
+            }),
+            data: Some(data),
+            ..OperationalEvent::default()
+        }
+    }
+
+    #[test]
+    fn a_flight_through_its_life() {
+        let events = [
+            event(
+                "s",
+                EventType::Scheduled,
+                0,
+                EventData {
+                    scheduled_out_us: Some(600 * 60_000_000),
+                    destination: Some("IAH".into()),
+                    ..EventData::default()
+                },
+            ),
+            event(
+                "g",
+                EventType::GateAssigned,
+                480,
+                EventData {
+                    gate: Some("C71".into()),
+                    ..EventData::default()
+                },
+            ),
+            event(
+                "d",
+                EventType::Delayed,
+                570,
+                EventData {
+                    delay_minutes: Some(20),
+                    delay_code: Some("93".into()),
+                    ..EventData::default()
+                },
+            ),
+            event("o", EventType::Out, 620, EventData::default()),
+            event("f", EventType::Off, 640, EventData::default()),
+        ];
+        let mut state = empty_state(&events[0]);
+        for event in &events {
+            apply(&mut state, event);
+        }
+        assert_eq!(state.status, status::AIRBORNE);
+        assert_eq!(state.gate.as_deref(), Some("C71"));
+        assert_eq!(
+            state.estimated_out_us,
+            Some(620 * 60_000_000),
+            "scheduled_out + delay"
+        );
+        assert_eq!(state.delay_codes, ["93"]);
+        assert_eq!(state.actual_out_us, Some(620 * 60_000_000));
+        assert_eq!(state.actual_off_us, Some(640 * 60_000_000));
+        assert_eq!(state.last_event_id, "f");
+        assert_eq!((state.carrier.as_str(), state.flight_number), ("UA", 1));
+    }
+
+    #[test]
+    fn status_follows_the_last_status_event_only() {
+        let mut state = FlightState::default();
+        apply(
+            &mut state,
+            &event("b", EventType::Boarding, 1, EventData::default()),
+        );
+        apply(
+            &mut state,
+            &event("g", EventType::GateAssigned, 2, EventData::default()),
+        );
+        apply(
+            &mut state,
+            &event("e", EventType::Estimated, 3, EventData::default()),
+        );
+        assert_eq!(state.status, status::BOARDING);
+        apply(
+            &mut state,
+            &event("c", EventType::Cancelled, 4, EventData::default()),
+        );
+        assert_eq!(state.status, status::CANCELLED);
+    }
+}
