@@ -129,6 +129,22 @@ impl IngestUnderTest {
     }
 }
 
+/// The `event_id`s of `OperationalEvent` messages, in topic order (panics on undecodable records:
+/// the raw topic must hold only valid events).
+pub fn event_ids(messages: &[rdkafka::message::OwnedMessage]) -> Vec<String> {
+    use prost::Message as _;
+    use rdkafka::Message as _;
+    messages
+        .iter()
+        .map(|message| {
+            let payload = message.payload().unwrap_or_default();
+            contrail_proto::v1::OperationalEvent::decode(payload)
+                .expect("an OperationalEvent")
+                .event_id
+        })
+        .collect()
+}
+
 /// A minimal blocking HTTP GET (status line and body), for probes.
 pub fn http_get(url: &str) -> Result<String> {
     use std::io::{Read, Write};

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use contrail_events::{Limits, validate_record};
 use contrail_integration_tests::{
-    IngestOptions, IngestUnderTest, key_of, read_topic, shared_broker, start_ingest,
+    IngestOptions, IngestUnderTest, event_ids, key_of, read_topic, shared_broker, start_ingest,
 };
 use contrail_proto::v1::{DeadLetter, OperationalEvent};
 use prost::Message as _;
@@ -340,14 +340,7 @@ async fn grpc_ingest_validates_per_record_and_requires_the_token() {
             .await
             .expect("join")
             .expect("read raw");
-    let ids: BTreeSet<String> = messages
-        .iter()
-        .map(|message| {
-            OperationalEvent::decode(message.payload().expect("payload"))
-                .expect("decode")
-                .event_id
-        })
-        .collect();
+    let ids: BTreeSet<String> = event_ids(&messages).into_iter().collect();
     let expected: BTreeSet<String> = events
         .iter()
         .enumerate()

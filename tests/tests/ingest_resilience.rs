@@ -6,10 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::extract::{Query, State};
-use contrail_integration_tests::{Broker, IngestOptions, read_topic, shared_broker, start_ingest};
-use contrail_proto::v1::OperationalEvent;
-use prost::Message as _;
-use rdkafka::Message as _;
+use contrail_integration_tests::{Broker, IngestOptions, event_ids, read_topic, shared_broker, start_ingest};
 use serde_json::{Value, json};
 
 fn real_events(from_day: u32, count: usize) -> Vec<Value> {
@@ -29,15 +26,7 @@ fn real_events(from_day: u32, count: usize) -> Vec<Value> {
 }
 
 fn ids_on_topic(brokers: &str, topic: &str, at_least: usize) -> Vec<String> {
-    read_topic(brokers, topic, at_least, Duration::from_secs(60))
-        .expect("read topic")
-        .iter()
-        .map(|message| {
-            OperationalEvent::decode(message.payload().expect("payload"))
-                .expect("decode")
-                .event_id
-        })
-        .collect()
+    event_ids(&read_topic(brokers, topic, at_least, Duration::from_secs(60)).expect("read topic"))
 }
 
 #[tokio::test(flavor = "multi_thread")]

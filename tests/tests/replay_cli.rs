@@ -5,10 +5,9 @@ use std::collections::BTreeSet;
 use std::process::Command;
 use std::time::Duration;
 
-use contrail_integration_tests::{IngestOptions, read_topic, shared_broker, start_ingest, workspace_binary};
-use contrail_proto::v1::OperationalEvent;
-use prost::Message as _;
-use rdkafka::Message as _;
+use contrail_integration_tests::{
+    IngestOptions, event_ids, read_topic, shared_broker, start_ingest, workspace_binary,
+};
 
 #[test]
 fn replay_posts_one_day_of_real_flights_with_duplicates() {
@@ -89,13 +88,6 @@ fn replay_posts_one_day_of_real_flights_with_duplicates() {
         deliveries.len(),
         "every delivery (duplicates included) is on the topic once"
     );
-    let landed: BTreeSet<String> = messages
-        .iter()
-        .map(|message| {
-            OperationalEvent::decode(message.payload().expect("payload"))
-                .expect("decode")
-                .event_id
-        })
-        .collect();
+    let landed: BTreeSet<String> = event_ids(&messages).into_iter().collect();
     assert_eq!(landed, expected_ids);
 }

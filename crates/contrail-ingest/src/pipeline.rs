@@ -343,65 +343,57 @@ async fn await_deliveries(
 
 fn validate_batch(records: Vec<BodyRecord>, limits: &Limits, origin: &str) -> Vec<Validated> {
     let now_us = chrono::Utc::now().timestamp_micros();
+    let event_id_of = |value: &serde_json::Value| -> Option<String> {
+        let id = value.get("event_id")?.as_str()?;
+        Some(id.chars().take(limits.max_event_id_chars).collect())
+    };
+    let classify = |index: usize,
+                    result: Result<contrail_events::OperationalEvent, Vec<FieldError>>,
+                    raw: Vec<u8>,
+                    event_id: &dyn Fn(&[u8]) -> Option<String>| match result {
+        Ok(event) => {
+            let payload = event.encode_to_vec();
+            Validated::Valid {
+                event_id: event.event_id,
+                flight_key: event.flight_key,
+                payload,
+            }
+        }
+        Err(errors) => {
+            let event_id = event_id(&raw);
+            let dead_letter = dead_letter(index, raw, &errors, origin, now_us);
+            Validated::Invalid {
+                event_id,
+                errors,
+                dead_letter,
+            }
+        }
+    };
     records
         .into_iter()
         .map(|record| match record {
-            BodyRecord::Parsed { index, value, raw } => match validate_record(&value, limits, now_us) {
-                Ok(event) => {
-                    let payload = event.encode_to_vec();
-                    Validated::Valid {
-                        event_id: event.event_id,
-                        flight_key: event.flight_key,
-                        payload,
-                    }
-                }
-                Err(errors) => {
-                    let event_id = value
-                        .get("event_id")
-                        .and_then(|id| id.as_str())
-                        .map(|id| id.chars().take(limits.max_event_id_chars).collect());
-                    let dead_letter = dead_letter(index, raw, &errors, origin, now_us);
-                    Validated::Invalid {
-                        event_id,
-                        errors,
-                        dead_letter,
-                    }
-                }
-            },
-            BodyRecord::Raw { index, raw } => match validate_json(&raw, limits, now_us) {
-                Ok(event) => {
-                    let payload = event.encode_to_vec();
-                    Validated::Valid {
-                        event_id: event.event_id,
-                        flight_key: event.flight_key,
-                        payload,
-                    }
-                }
-                Err(errors) => {
-                    // Rare path: parse again only to key the dead letter by its event id.
-                    let event_id = serde_json::from_slice::<serde_json::Value>(&raw)
+            BodyRecord::Parsed { index, value, raw } => {
+                let result = validate_record(&value, limits, now_us);
+                classify(index, result, raw, &|_| event_id_of(&value))
+            }
+            // Rare path on failure: parse again only to key the dead letter by its event id.
+            BodyRecord::Raw { index, raw } => classify(
+                index,
+                validate_json(&raw, limits, now_us),
+                raw.to_vec(),
+                &|bytes| {
+                    serde_json::from_slice::<serde_json::Value>(bytes)
                         .ok()
-                        .and_then(|value| value.get("event_id")?.as_str().map(str::to_owned))
-                        .map(|id| id.chars().take(limits.max_event_id_chars).collect());
-                    let dead_letter = dead_letter(index, raw.to_vec(), &errors, origin, now_us);
-                    Validated::Invalid {
-                        event_id,
-                        errors,
-                        dead_letter,
-                    }
-                }
-            },
+                        .as_ref()
+                        .and_then(event_id_of)
+                },
+            ),
             BodyRecord::Malformed { index, raw, error } => {
                 let errors = vec![FieldError {
                     field: String::new(),
                     message: error,
                 }];
-                let dead_letter = dead_letter(index, raw, &errors, origin, now_us);
-                Validated::Invalid {
-                    event_id: None,
-                    errors,
-                    dead_letter,
-                }
+                classify(index, Err(errors), raw, &|_| None)
             }
         })
         .collect()
