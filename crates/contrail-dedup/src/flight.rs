@@ -161,33 +161,21 @@ pub fn ends_departure_watch(event: &OperationalEvent) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use contrail_proto::v1::{EventData, FlightRef};
+    use contrail_proto::v1::EventData;
     use proptest::prelude::*;
     use std::collections::HashSet;
 
     const MINUTE: i64 = 60_000_000;
 
     fn event(id: &str, event_type: EventType, minute: i64) -> OperationalEvent {
-        OperationalEvent {
-            event_id: id.to_owned(),
-            r#type: event_type as i32,
-            event_time_us: minute * MINUTE,
-            flight_key: "UA1-2013-01-01-EWR".to_owned(),
-            flight: Some(FlightRef {
-                carrier: "UA".into(),
-                number: 1,
-                origin: "EWR".into(),
-                service_date: "2013-01-01".into(),
-            }),
-            data: Some(EventData {
-                gate: Some(format!("G{minute}")),
-                delay_minutes: Some(i32::try_from(minute).unwrap_or(0)),
-                delay_code: Some(id.to_owned()),
-                scheduled_out_us: Some(600 * MINUTE),
-                ..EventData::default()
-            }),
-            ..OperationalEvent::default()
-        }
+        let data = EventData {
+            gate: Some(format!("G{minute}")),
+            delay_minutes: Some(i32::try_from(minute).unwrap_or(0)),
+            delay_code: Some(id.to_owned()),
+            scheduled_out_us: Some(600 * MINUTE),
+            ..EventData::default()
+        };
+        crate::fold::tests::event(id, event_type, minute, data)
     }
 
     /// Runs arrivals through `decide` with a dedup set, as the engine does; returns the last emitted

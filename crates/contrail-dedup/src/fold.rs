@@ -110,11 +110,12 @@ pub fn order_key(event: &OperationalEvent) -> (i64, &str) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use contrail_proto::v1::{EventData, FlightRef};
 
-    fn event(id: &str, event_type: EventType, minute: i64, data: EventData) -> OperationalEvent {
+    /// A test event of flight UA1 from EWR on 2013-01-01 at `minute` (µs = minute · 60 s).
+    pub(crate) fn event(id: &str, event_type: EventType, minute: i64, data: EventData) -> OperationalEvent {
         OperationalEvent {
             event_id: id.to_owned(),
             r#type: event_type as i32,
