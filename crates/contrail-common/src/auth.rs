@@ -7,7 +7,46 @@
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::CommonError;
 use crate::config::Secret;
+
+/// Bearer tokens accepted on a stage's APIs (ingest API, admin API). Empty: authentication off.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthConfig {
+    /// Tokens (prefer `tokens_file` in production).
+    pub tokens: Vec<Secret>,
+    /// A file with one token per line (a mounted Kubernetes secret).
+    pub tokens_file: Option<PathBuf>,
+}
+
+impl AuthConfig {
+    /// The configured tokens, including those of `tokens_file`.
+    pub fn load(&self) -> Result<BearerTokens, CommonError> {
+        Ok(BearerTokens::new(&self.secrets()?))
+    }
+
+    /// The configured token values (for a stage that calls another stage's authenticated API).
+    pub fn secrets(&self) -> Result<Vec<Secret>, CommonError> {
+        let mut tokens: Vec<Secret> = self.tokens.clone();
+        if let Some(path) = &self.tokens_file {
+            let text = std::fs::read_to_string(path).map_err(|error| {
+                CommonError::Config(format!("auth.tokens_file {}: {error}", path.display()))
+            })?;
+            tokens.extend(
+                text.lines()
+                    .map(str::trim)
+                    .filter(|line| !line.is_empty())
+                    .map(Secret::new),
+            );
+        }
+        Ok(tokens.into_iter().filter(|token| !token.is_empty()).collect())
+    }
+}
 
 /// The accepted bearer tokens.
 #[derive(Clone, Default)]

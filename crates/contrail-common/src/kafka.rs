@@ -120,6 +120,42 @@ impl KafkaConfig {
     }
 }
 
+/// Creates the topics that do not exist yet (local development; against Event Hubs topics are
+/// created through Azure, so stages call this only when told to).
+pub async fn create_topics(
+    kafka: &KafkaConfig,
+    stage: &str,
+    names: &[&str],
+    partitions: i32,
+) -> Result<(), CommonError> {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use rdkafka::client::DefaultClientContext;
+    let admin: AdminClient<DefaultClientContext> =
+        kafka
+            .client_config(&format!("{stage}-admin"))?
+            .create()
+            .map_err(|error| CommonError::Kafka(format!("admin client: {error}")))?;
+    let new_topics: Vec<NewTopic> = names
+        .iter()
+        .map(|name| NewTopic::new(name, partitions, TopicReplication::Fixed(1)))
+        .collect();
+    let options = AdminOptions::new().operation_timeout(Some(std::time::Duration::from_secs(10)));
+    let results = admin
+        .create_topics(&new_topics, &options)
+        .await
+        .map_err(|error| CommonError::Kafka(format!("create topics: {error}")))?;
+    for result in results {
+        match result {
+            Ok(topic) => tracing::info!(%topic, partitions, "topic created"),
+            Err((topic, rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists)) => {
+                tracing::debug!(%topic, "topic exists");
+            }
+            Err((topic, code)) => return Err(CommonError::Kafka(format!("create topic {topic}: {code}"))),
+        }
+    }
+    Ok(())
+}
+
 fn check_event_hubs_property(key: &str, value: &str) -> Result<(), CommonError> {
     let compression_keys = ["compression.codec", "compression.type"];
     if compression_keys.contains(&key) && !matches!(value, "none" | "gzip") {

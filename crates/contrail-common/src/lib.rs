@@ -14,6 +14,7 @@ pub mod kafka;
 pub mod metrics;
 pub mod server;
 pub mod shutdown;
+pub mod stage;
 pub mod telemetry;
 
 pub use error::CommonError;

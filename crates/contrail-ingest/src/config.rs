@@ -75,15 +75,7 @@ impl Default for TopicsConfig {
     }
 }
 
-/// Bearer tokens accepted on `/v1/*` and the gRPC APIs. Empty: authentication off.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct AuthConfig {
-    /// Tokens (prefer `tokens_file` in production).
-    pub tokens: Vec<Secret>,
-    /// A file with one token per line (a mounted Kubernetes secret).
-    pub tokens_file: Option<PathBuf>,
-}
+pub use contrail_common::auth::AuthConfig;
 
 /// Limits that keep memory bounded.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

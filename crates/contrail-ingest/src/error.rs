@@ -49,3 +49,9 @@ impl IngestError {
         }
     }
 }
+
+impl contrail_common::stage::StageError for IngestError {
+    fn is_retryable(&self) -> bool {
+        IngestError::is_retryable(self)
+    }
+}

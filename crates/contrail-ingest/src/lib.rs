@@ -18,14 +18,10 @@ pub mod sources;
 use std::sync::Arc;
 use std::time::Duration;
 
-use contrail_common::auth::BearerTokens;
-use contrail_common::config::Secret;
 use contrail_common::metrics::MetricsRegistry;
 use contrail_common::server::{self, Health};
 use contrail_common::shutdown::Shutdown;
 use rdkafka::ClientConfig;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::producer::{FutureProducer, Producer};
 use tokio::sync::Semaphore;
 
@@ -58,54 +54,10 @@ pub fn producer_config(config: &IngestConfig) -> Result<ClientConfig, IngestErro
 
 /// Creates the raw and dead-letter topics if they are missing (`topics.create`).
 pub async fn ensure_topics(config: &IngestConfig) -> Result<(), IngestError> {
-    let admin: AdminClient<DefaultClientContext> = config
-        .kafka
-        .client_config("ingest-admin")?
-        .create()
-        .map_err(|error| IngestError::BrokerUnavailable(format!("admin client: {error}")))?;
-    let topics = [&config.topics.raw, &config.topics.dlq];
-    let new_topics: Vec<NewTopic> = topics
-        .iter()
-        .map(|name| NewTopic::new(name, config.topics.partitions, TopicReplication::Fixed(1)))
-        .collect();
-    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
-    let results = admin
-        .create_topics(&new_topics, &options)
+    let topics = [config.topics.raw.as_str(), config.topics.dlq.as_str()];
+    contrail_common::kafka::create_topics(&config.kafka, "ingest", &topics, config.topics.partitions)
         .await
-        .map_err(|error| IngestError::BrokerUnavailable(format!("create topics: {error}")))?;
-    for result in results {
-        match result {
-            Ok(topic) => tracing::info!(%topic, partitions = config.topics.partitions, "topic created"),
-            Err((topic, rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists)) => {
-                tracing::debug!(%topic, "topic exists");
-            }
-            Err((topic, code)) => {
-                return Err(IngestError::BrokerUnavailable(format!(
-                    "create topic {topic}: {code}"
-                )));
-            }
-        }
-    }
-    Ok(())
-}
-
-fn load_tokens(config: &IngestConfig) -> Result<BearerTokens, IngestError> {
-    let mut tokens: Vec<Secret> = config.auth.tokens.clone();
-    if let Some(path) = &config.auth.tokens_file {
-        let text = std::fs::read_to_string(path).map_err(|error| {
-            IngestError::Common(contrail_common::CommonError::Config(format!(
-                "auth.tokens_file {}: {error}",
-                path.display()
-            )))
-        })?;
-        tokens.extend(
-            text.lines()
-                .map(str::trim)
-                .filter(|line| !line.is_empty())
-                .map(Secret::new),
-        );
-    }
-    Ok(BearerTokens::new(&tokens))
+        .map_err(|error| IngestError::BrokerUnavailable(error.to_string()))
 }
 
 fn build_sources(config: &IngestConfig) -> Result<Vec<Arc<dyn Source>>, IngestError> {
@@ -130,7 +82,7 @@ pub async fn run(config: IngestConfig, shutdown: Shutdown) -> Result<(), IngestE
     let registry = MetricsRegistry::new();
     let metrics = metrics::IngestMetrics::new(&registry);
     let health = Health::new();
-    let tokens = load_tokens(&config)?;
+    let tokens = config.auth.load()?;
     if !tokens.enabled() {
         tracing::warn!("no auth.tokens configured: the ingest API accepts unauthenticated requests");
     }

@@ -8,8 +8,6 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use contrail_common::config;
-use contrail_common::shutdown::Shutdown;
 use contrail_ingest::IngestConfig;
 
 /// Accepts operational events over HTTP and gRPC, pulls them from configured sources, validates
@@ -30,41 +28,11 @@ struct Cli {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let config: IngestConfig = match config::load(cli.config.as_deref()) {
-        Ok(config) => config,
-        Err(error) => {
-            eprintln!("ingest: {error}");
-            return ExitCode::from(2);
-        }
-    };
-    if cli.print_config {
-        print!("{}", config::render_effective(&config));
-        return ExitCode::SUCCESS;
-    }
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
-        Ok(runtime) => runtime,
-        Err(error) => {
-            eprintln!("ingest: cannot start the async runtime: {error}");
-            return ExitCode::FAILURE;
-        }
-    };
-    runtime.block_on(async move {
-        let _telemetry = match contrail_common::telemetry::init("ingest", &config.telemetry) {
-            Ok(guard) => guard,
-            Err(error) => {
-                eprintln!("ingest: {error}");
-                return ExitCode::from(2);
-            }
-        };
-        tracing::info!(config = %config::render_effective(&config), "effective configuration");
-        let shutdown = Shutdown::new();
-        shutdown.install_signal_handlers();
-        match contrail_ingest::run(config, shutdown).await {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(error) => {
-                tracing::error!(%error, retryable = error.is_retryable(), "ingest failed");
-                ExitCode::FAILURE
-            }
-        }
-    })
+    contrail_common::stage::main(
+        "ingest",
+        cli.config.as_deref(),
+        cli.print_config,
+        |config: &IngestConfig| &config.telemetry,
+        contrail_ingest::run,
+    )
 }
