@@ -10,6 +10,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "contrail/ingest/v1/ingest.proto",
         "contrail/admin/v1/admin.proto",
         "contrail/state/v1/dedup.proto",
+        "contrail/control/v1/control.proto",
     ];
     // A system protoc wins if the caller points at one; otherwise use the vendored binary.
     if std::env::var_os("PROTOC").is_none() {

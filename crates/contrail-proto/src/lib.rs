@@ -35,4 +35,10 @@ pub mod state {
 }
 
 /// Encoded `FileDescriptorSet` of every contrail proto, for gRPC reflection.
+pub mod control {
+    pub mod v1 {
+        tonic::include_proto!("contrail.control.v1");
+    }
+}
+
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("contrail_descriptor");

@@ -1,0 +1,188 @@
+//! The checkpoint store: shard checkpoints and epoch manifests in an `object_store` (a local
+//! directory by default; Azure Blob/ADLS where the `object_store` Azure backend is configured).
+//!
+//! Layout under the root: `epoch-{epoch:020}/shard-{partition}/{file}` for a shard's RocksDB
+//! checkpoint files and `epoch-{epoch:020}/MANIFEST.json` once the epoch is complete. An epoch
+//! without a manifest is incomplete and never restored from.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::sync::Arc;
+
+use futures::TryStreamExt;
+use object_store::path::Path as StorePath;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+
+use crate::error::StateError;
+use crate::protocol::{Manifest, ShardCheckpoint};
+
+/// Checkpoints in an object store.
+#[derive(Clone)]
+pub struct CheckpointStore {
+    store: Arc<dyn ObjectStore>,
+    /// The directory of a local store: `object_store` deletes files but leaves their (empty)
+    /// directories, which would still list as epochs.
+    local_root: Option<std::path::PathBuf>,
+}
+
+fn store_error(error: impl std::fmt::Display) -> StateError {
+    StateError::CheckpointStore(error.to_string())
+}
+
+fn epoch_prefix(epoch: u64) -> String {
+    format!("epoch-{epoch:020}")
+}
+
+impl CheckpointStore {
+    /// A store over any `object_store` backend.
+    pub fn new(store: Arc<dyn ObjectStore>) -> CheckpointStore {
+        CheckpointStore {
+            store,
+            local_root: None,
+        }
+    }
+
+    /// A store in a local directory (created if missing).
+    pub fn local(root: &Path) -> Result<CheckpointStore, StateError> {
+        std::fs::create_dir_all(root).map_err(store_error)?;
+        let store = object_store::local::LocalFileSystem::new_with_prefix(root).map_err(store_error)?;
+        Ok(CheckpointStore {
+            store: Arc::new(store),
+            local_root: Some(root.to_owned()),
+        })
+    }
+
+    /// Uploads a shard's local RocksDB checkpoint directory for `epoch`; returns its entry.
+    pub async fn upload_shard(
+        &self,
+        epoch: u64,
+        partition: i32,
+        next_offset: i64,
+        local_dir: &Path,
+    ) -> Result<ShardCheckpoint, StateError> {
+        let location = format!("{}/shard-{partition}", epoch_prefix(epoch));
+        let mut entries = tokio::fs::read_dir(local_dir).await.map_err(store_error)?;
+        while let Some(entry) = entries.next_entry().await.map_err(store_error)? {
+            if !entry.file_type().await.map_err(store_error)?.is_file() {
+                continue;
+            }
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let bytes = tokio::fs::read(entry.path()).await.map_err(store_error)?;
+            self.store
+                .put(
+                    &StorePath::from(format!("{location}/{name}")),
+                    PutPayload::from(bytes),
+                )
+                .await
+                .map_err(store_error)?;
+        }
+        Ok(ShardCheckpoint {
+            partition,
+            next_offset,
+            location,
+        })
+    }
+
+    /// Downloads a shard checkpoint into `target_dir` (which must not exist), atomically: files go
+    /// to a temporary sibling directory that is renamed into place when complete.
+    pub async fn download_shard(
+        &self,
+        checkpoint: &ShardCheckpoint,
+        target_dir: &Path,
+    ) -> Result<(), StateError> {
+        let staging = target_dir.with_extension("restoring");
+        let _ = tokio::fs::remove_dir_all(&staging).await;
+        tokio::fs::create_dir_all(&staging).await.map_err(store_error)?;
+        let prefix = StorePath::from(checkpoint.location.as_str());
+        let objects: Vec<_> = self
+            .store
+            .list(Some(&prefix))
+            .try_collect()
+            .await
+            .map_err(store_error)?;
+        for object in objects {
+            let Some(name) = object.location.filename() else {
+                continue;
+            };
+            let bytes = self
+                .store
+                .get(&object.location)
+                .await
+                .map_err(store_error)?
+                .bytes()
+                .await
+                .map_err(store_error)?;
+            tokio::fs::write(staging.join(name), &bytes)
+                .await
+                .map_err(store_error)?;
+        }
+        tokio::fs::rename(&staging, target_dir).await.map_err(store_error)
+    }
+
+    /// Writes an epoch's manifest (the coordinator does this once the epoch is complete).
+    pub async fn write_manifest(&self, manifest: &Manifest) -> Result<(), StateError> {
+        if !manifest.is_complete() {
+            return Err(StateError::CheckpointStore(format!(
+                "epoch {} is not complete",
+                manifest.epoch
+            )));
+        }
+        let bytes = serde_json::to_vec_pretty(manifest).map_err(store_error)?;
+        let path = StorePath::from(format!("{}/MANIFEST.json", epoch_prefix(manifest.epoch)));
+        self.store
+            .put(&path, PutPayload::from(bytes))
+            .await
+            .map_err(store_error)?;
+        Ok(())
+    }
+
+    /// Every epoch present in the store (complete or not).
+    pub async fn epochs(&self) -> Result<BTreeSet<u64>, StateError> {
+        let listing = self.store.list_with_delimiter(None).await.map_err(store_error)?;
+        Ok(listing
+            .common_prefixes
+            .iter()
+            .filter_map(|prefix| prefix.as_ref().strip_prefix("epoch-")?.parse().ok())
+            .collect())
+    }
+
+    /// Every readable manifest.
+    pub async fn manifests(&self) -> Result<Vec<Manifest>, StateError> {
+        let mut manifests = Vec::new();
+        for epoch in self.epochs().await? {
+            let path = StorePath::from(format!("{}/MANIFEST.json", epoch_prefix(epoch)));
+            match self.store.get(&path).await {
+                Ok(result) => {
+                    let bytes = result.bytes().await.map_err(store_error)?;
+                    let manifest: Manifest = serde_json::from_slice(&bytes).map_err(store_error)?;
+                    manifests.push(manifest);
+                }
+                Err(object_store::Error::NotFound { .. }) => {}
+                Err(error) => return Err(store_error(error)),
+            }
+        }
+        Ok(manifests)
+    }
+
+    /// Deletes every object of `epoch`.
+    pub async fn delete_epoch(&self, epoch: u64) -> Result<(), StateError> {
+        let prefix = StorePath::from(epoch_prefix(epoch));
+        let objects: Vec<_> = self
+            .store
+            .list(Some(&prefix))
+            .try_collect()
+            .await
+            .map_err(store_error)?;
+        for object in objects {
+            self.store.delete(&object.location).await.map_err(store_error)?;
+        }
+        if let Some(root) = &self.local_root {
+            match tokio::fs::remove_dir_all(root.join(epoch_prefix(epoch))).await {
+                Ok(()) => {}
+                Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+                Err(error) => return Err(store_error(error)),
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,576 @@
+//! The processing API, in the spirit of Spark's `transformWithState`: a [`StatefulProcessor`] gets
+//! each input record of a key (and each fired timer) with a [`KeyContext`] that offers typed value,
+//! list and map state with a per-variable TTL, dedup entries, event-time and processing-time timers,
+//! and outputs. [`Shard::process_batch`] runs a micro-batch and commits everything — state, timers,
+//! outputs (into the outbox) and the next input offset — in one RocksDB write batch.
+//!
+//! Determinism: given the same committed state and the same input records in the same order, a
+//! batch makes the same state changes and the same outputs, because event-time timers fire on the
+//! shard watermark (max event time − allowed lateness), which depends only on the input. This is
+//! what makes reprocessing after a crash regenerate byte-identical outputs.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use prost::Message;
+
+use crate::error::StateError;
+use crate::keys::{self, cf};
+use crate::shard::{OutboxRecord, Overlay, Shard, ShardProgress, TimeDomain, Timer};
+
+/// One input record.
+#[derive(Debug, Clone, Copy)]
+pub struct InputRecord<'a> {
+    /// The record key (the state key).
+    pub key: &'a [u8],
+    /// The record value.
+    pub payload: &'a [u8],
+    /// Its offset in the shard's input partition.
+    pub offset: i64,
+}
+
+/// User logic over keyed state. Must be deterministic in its inputs (no wall clock, no randomness)
+/// for event-time processing to be replay-safe.
+pub trait StatefulProcessor {
+    /// Handles one input record of `context.key()`.
+    fn handle_record(
+        &mut self,
+        context: &mut KeyContext<'_>,
+        record: &InputRecord<'_>,
+    ) -> Result<(), StateError>;
+    /// Handles a fired timer of `context.key()` (user timers only; TTL timers are the engine's).
+    fn handle_timer(&mut self, context: &mut KeyContext<'_>, timer: &Timer) -> Result<(), StateError>;
+}
+
+/// Engine settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EngineConfig {
+    /// The shard watermark is the max event time minus this (µs).
+    pub allowed_lateness_us: i64,
+}
+
+/// What a committed batch produced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BatchResult {
+    /// Outputs, with their outbox sequence numbers, in emission order.
+    pub outputs: Vec<(u64, OutboxRecord)>,
+    /// Input records processed.
+    pub records: usize,
+    /// User timers fired.
+    pub timers_fired: usize,
+    /// Variables or entries evicted by TTL.
+    pub evicted: usize,
+}
+
+const TTL_TIMER_PREFIX: &str = "__ttl";
+const DEDUP_TIMER: &str = "__dedup_ttl";
+const NO_EXPIRY: i64 = i64::MAX;
+
+/// Changes of a batch not yet committed.
+struct Pending {
+    overlay: Overlay,
+    timers_added: BTreeSet<Timer>,
+    timers_removed: BTreeSet<Timer>,
+    /// Latest fire time per (key, domain, name) decided in this batch (`None`: deleted).
+    timer_overrides: HashMap<(Vec<u8>, TimeDomain, String), Option<i64>>,
+    outbox: Vec<OutboxRecord>,
+    progress: ShardProgress,
+    lateness_us: i64,
+}
+
+impl Pending {
+    fn new(progress: ShardProgress, lateness_us: i64) -> Pending {
+        Pending {
+            overlay: Overlay::new(),
+            timers_added: BTreeSet::new(),
+            timers_removed: BTreeSet::new(),
+            timer_overrides: HashMap::new(),
+            outbox: Vec::new(),
+            progress,
+            lateness_us,
+        }
+    }
+
+    fn watermark_us(&self) -> i64 {
+        self.progress.max_event_time_us.saturating_sub(self.lateness_us)
+    }
+}
+
+/// Access to one key's state during a batch.
+pub struct KeyContext<'a> {
+    shard: &'a Shard,
+    pending: &'a mut Pending,
+    key: Vec<u8>,
+}
+
+impl KeyContext<'_> {
+    /// The key being processed.
+    pub fn key(&self) -> &[u8] {
+        &self.key
+    }
+
+    /// Records an input's event time; advances the shard watermark.
+    pub fn observe_event_time(&mut self, event_time_us: i64) {
+        let progress = &mut self.pending.progress;
+        progress.max_event_time_us = progress.max_event_time_us.max(event_time_us);
+    }
+
+    /// Max event time of the shard's input so far.
+    pub fn max_event_time_us(&self) -> i64 {
+        self.pending.progress.max_event_time_us
+    }
+
+    /// The shard's event-time watermark: max event time − allowed lateness.
+    pub fn watermark_us(&self) -> i64 {
+        self.pending.watermark_us()
+    }
+
+    fn read(&self, family: &'static str, storage_key: &[u8]) -> Result<Option<Vec<u8>>, StateError> {
+        match self.pending.overlay.get(&(family, storage_key.to_vec())) {
+            Some(value) => Ok(value.clone()),
+            None => self.shard.get(family, storage_key),
+        }
+    }
+
+    fn scan(&self, family: &'static str, prefix: &[u8]) -> Result<BTreeMap<Vec<u8>, Vec<u8>>, StateError> {
+        let mut entries: BTreeMap<Vec<u8>, Vec<u8>> =
+            self.shard.scan_prefix(family, prefix)?.into_iter().collect();
+        let end = keys::prefix_end(prefix);
+        for ((entry_family, entry_key), value) in self
+            .pending
+            .overlay
+            .range((family, prefix.to_vec())..(family, end))
+        {
+            if *entry_family != family {
+                continue;
+            }
+            match value {
+                Some(value) => entries.insert(entry_key.clone(), value.clone()),
+                None => entries.remove(entry_key),
+            };
+        }
+        Ok(entries)
+    }
+
+    fn write(&mut self, family: &'static str, storage_key: Vec<u8>, value: Option<Vec<u8>>) {
+        self.pending.overlay.insert((family, storage_key), value);
+    }
+
+    fn decode<T: Message + Default>(&self, bytes: &[u8]) -> Result<Option<T>, StateError> {
+        let Some(expires_at) = keys::decode_time(bytes) else {
+            return Err(StateError::Corrupt {
+                path: String::new(),
+                message: "state value without expiry".into(),
+            });
+        };
+        if expires_at != NO_EXPIRY && expires_at <= self.watermark_us() {
+            return Ok(None); // expired; the TTL timer removes it
+        }
+        T::decode(&bytes[8..])
+            .map(Some)
+            .map_err(|error| StateError::Corrupt {
+                path: String::new(),
+                message: format!(
+                    "state value of key {:?}: {error}",
+                    String::from_utf8_lossy(&self.key)
+                ),
+            })
+    }
+
+    fn encode<T: Message>(value: &T, expires_at_us: Option<i64>) -> Vec<u8> {
+        let mut bytes = keys::encode_time(expires_at_us.unwrap_or(NO_EXPIRY)).to_vec();
+        value.encode(&mut bytes).unwrap_or_default();
+        bytes
+    }
+
+    fn schedule_ttl(&mut self, timer_name: String, expires_at_us: Option<i64>) {
+        match expires_at_us {
+            Some(expiry) => self.register_timer(&timer_name, TimeDomain::EventTime, expiry),
+            None => self.delete_timer(&timer_name, TimeDomain::EventTime),
+        }
+    }
+
+    /// Value state: the current value of `variable`, if set and not expired.
+    pub fn get<T: Message + Default>(&self, variable: &str) -> Result<Option<T>, StateError> {
+        match self.read(cf::VALUES, &keys::joined(&self.key, variable.as_bytes()))? {
+            Some(bytes) => self.decode(&bytes),
+            None => Ok(None),
+        }
+    }
+
+    /// Value state: sets `variable`; with `expires_at_us` it is evicted once the watermark passes it.
+    pub fn set<T: Message>(&mut self, variable: &str, value: &T, expires_at_us: Option<i64>) {
+        let storage_key = keys::joined(&self.key, variable.as_bytes());
+        self.write(cf::VALUES, storage_key, Some(Self::encode(value, expires_at_us)));
+        self.schedule_ttl(format!("{TTL_TIMER_PREFIX}/v/{variable}"), expires_at_us);
+    }
+
+    /// Value state: removes `variable`.
+    pub fn clear(&mut self, variable: &str) {
+        self.write(cf::VALUES, keys::joined(&self.key, variable.as_bytes()), None);
+        self.delete_timer(&format!("{TTL_TIMER_PREFIX}/v/{variable}"), TimeDomain::EventTime);
+    }
+
+    /// List state: all items of `variable`, oldest first.
+    pub fn list<T: Message + Default>(&self, variable: &str) -> Result<Vec<T>, StateError> {
+        let prefix = keys::map_prefix(&self.key, &format!("{variable}#list"));
+        let mut items = Vec::new();
+        for bytes in self.scan(cf::VALUES, &prefix)?.values() {
+            if let Some(item) = self.decode(bytes)? {
+                items.push(item);
+            }
+        }
+        Ok(items)
+    }
+
+    /// List state: appends an item (its own TTL).
+    pub fn list_append<T: Message>(
+        &mut self,
+        variable: &str,
+        item: &T,
+        expires_at_us: Option<i64>,
+    ) -> Result<(), StateError> {
+        let list_variable = format!("{variable}#list");
+        let prefix = keys::map_prefix(&self.key, &list_variable);
+        let next_index = self
+            .scan(cf::VALUES, &prefix)?
+            .keys()
+            .last()
+            .and_then(|last| last.get(prefix.len()..).and_then(keys::decode_time))
+            .map_or(0, |index| index + 1);
+        let storage_key = keys::map_entry(&self.key, &list_variable, &keys::encode_time(next_index));
+        self.write(cf::VALUES, storage_key, Some(Self::encode(item, expires_at_us)));
+        if let Some(expiry) = expires_at_us {
+            self.register_timer(
+                &format!("{TTL_TIMER_PREFIX}/l/{list_variable}/{next_index}"),
+                TimeDomain::EventTime,
+                expiry,
+            );
+        }
+        Ok(())
+    }
+
+    /// Map state: one entry.
+    pub fn map_get<T: Message + Default>(
+        &self,
+        variable: &str,
+        map_key: &[u8],
+    ) -> Result<Option<T>, StateError> {
+        match self.read(cf::VALUES, &keys::map_entry(&self.key, variable, map_key))? {
+            Some(bytes) => self.decode(&bytes),
+            None => Ok(None),
+        }
+    }
+
+    /// Map state: inserts or replaces an entry (its own TTL).
+    pub fn map_put<T: Message>(
+        &mut self,
+        variable: &str,
+        map_key: &[u8],
+        value: &T,
+        expires_at_us: Option<i64>,
+    ) {
+        let storage_key = keys::map_entry(&self.key, variable, map_key);
+        self.write(cf::VALUES, storage_key, Some(Self::encode(value, expires_at_us)));
+        if let Some(expiry) = expires_at_us {
+            let name = format!("{TTL_TIMER_PREFIX}/m/{variable}/{}", hex(map_key));
+            self.register_timer(&name, TimeDomain::EventTime, expiry);
+        }
+    }
+
+    /// Map state: removes an entry.
+    pub fn map_remove(&mut self, variable: &str, map_key: &[u8]) {
+        self.write(cf::VALUES, keys::map_entry(&self.key, variable, map_key), None);
+        self.delete_timer(
+            &format!("{TTL_TIMER_PREFIX}/m/{variable}/{}", hex(map_key)),
+            TimeDomain::EventTime,
+        );
+    }
+
+    /// Map state: every live entry, by map key.
+    pub fn map_entries<T: Message + Default>(&self, variable: &str) -> Result<Vec<(Vec<u8>, T)>, StateError> {
+        let prefix = keys::map_prefix(&self.key, variable);
+        let mut entries = Vec::new();
+        for (storage_key, bytes) in self.scan(cf::VALUES, &prefix)? {
+            if let Some(value) = self.decode(&bytes)? {
+                entries.push((storage_key[prefix.len()..].to_vec(), value));
+            }
+        }
+        Ok(entries)
+    }
+
+    /// Whether `id` is among the key's live dedup entries.
+    pub fn dedup_contains(&self, id: &[u8]) -> Result<bool, StateError> {
+        Ok(self
+            .read(cf::DEDUP, &keys::joined(&self.key, id))?
+            .and_then(|bytes| keys::decode_time(&bytes))
+            .is_some_and(|expires_at| expires_at > self.watermark_us()))
+    }
+
+    /// Remembers `id` for the key until the watermark passes `expires_at_us`.
+    pub fn dedup_insert(&mut self, id: &[u8], expires_at_us: i64) {
+        self.write(
+            cf::DEDUP,
+            keys::joined(&self.key, id),
+            Some(keys::encode_time(expires_at_us).to_vec()),
+        );
+        let current = self.current_timer(DEDUP_TIMER, TimeDomain::EventTime);
+        let earliest = current.map_or(expires_at_us, |fire_at| fire_at.min(expires_at_us));
+        self.register_timer(DEDUP_TIMER, TimeDomain::EventTime, earliest);
+    }
+
+    /// The key's live dedup entries (for inspection).
+    pub fn dedup_entries(&self) -> Result<Vec<(Vec<u8>, i64)>, StateError> {
+        let prefix = keys::key_prefix(&self.key);
+        Ok(self
+            .scan(cf::DEDUP, &prefix)?
+            .into_iter()
+            .filter_map(|(storage_key, bytes)| {
+                Some((storage_key[prefix.len()..].to_vec(), keys::decode_time(&bytes)?))
+            })
+            .collect())
+    }
+
+    fn current_timer(&self, name: &str, domain: TimeDomain) -> Option<i64> {
+        if let Some(fire_at) = self
+            .pending
+            .timer_overrides
+            .get(&(self.key.clone(), domain, name.to_owned()))
+        {
+            return *fire_at;
+        }
+        let mut part = vec![domain as u8];
+        part.extend_from_slice(name.as_bytes());
+        self.shard
+            .get(cf::TIMERS_BY_KEY, &keys::joined(&self.key, &part))
+            .ok()
+            .flatten()
+            .and_then(|bytes| keys::decode_time(&bytes))
+    }
+
+    /// Registers (or moves) the key's timer `name`.
+    pub fn register_timer(&mut self, name: &str, domain: TimeDomain, fire_at_us: i64) {
+        self.delete_timer(name, domain);
+        let timer = Timer {
+            fire_at_us,
+            domain,
+            key: self.key.clone(),
+            name: name.to_owned(),
+        };
+        self.pending.timers_removed.remove(&timer);
+        self.pending.timers_added.insert(timer);
+        self.pending
+            .timer_overrides
+            .insert((self.key.clone(), domain, name.to_owned()), Some(fire_at_us));
+    }
+
+    /// Deletes the key's timer `name`, if any.
+    pub fn delete_timer(&mut self, name: &str, domain: TimeDomain) {
+        if let Some(fire_at_us) = self.current_timer(name, domain) {
+            let timer = Timer {
+                fire_at_us,
+                domain,
+                key: self.key.clone(),
+                name: name.to_owned(),
+            };
+            self.pending.timers_added.remove(&timer);
+            // Also committed (it may have been re-registered at the same time in this batch):
+            // the deletion must hide the committed copy too.
+            if self.shard.timers().contains(&timer) {
+                self.pending.timers_removed.insert(timer);
+            }
+        }
+        self.pending
+            .timer_overrides
+            .insert((self.key.clone(), domain, name.to_owned()), None);
+    }
+
+    /// The key's registered timers.
+    pub fn timers(&self) -> Vec<Timer> {
+        let mut timers: Vec<Timer> = self
+            .shard
+            .timers()
+            .iter()
+            .chain(self.pending.timers_added.iter())
+            .filter(|timer| timer.key == self.key && !self.pending.timers_removed.contains(*timer))
+            .cloned()
+            .collect();
+        timers.sort();
+        timers.dedup();
+        timers
+    }
+
+    /// Emits an output record; it is committed to the outbox with the batch.
+    pub fn emit(&mut self, topic: &str, key: &[u8], payload: Vec<u8>) {
+        self.pending.outbox.push(OutboxRecord {
+            topic: topic.to_owned(),
+            key: key.to_vec(),
+            payload,
+        });
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+impl Shard {
+    /// Runs `records` through `processor`, firing event-time timers as the watermark passes them and
+    /// processing-time timers due at `now_us`, and commits everything in one write batch.
+    pub fn process_batch<P: StatefulProcessor>(
+        &mut self,
+        records: &[InputRecord<'_>],
+        processor: &mut P,
+        config: &EngineConfig,
+        now_us: i64,
+    ) -> Result<BatchResult, StateError> {
+        let mut pending = Pending::new(self.progress(), config.allowed_lateness_us);
+        let mut result = BatchResult {
+            outputs: Vec::new(),
+            records: 0,
+            timers_fired: 0,
+            evicted: 0,
+        };
+        for record in records {
+            if record.key.contains(&keys::SEPARATOR) {
+                return Err(StateError::InvalidKey(
+                    String::from_utf8_lossy(record.key).into_owned(),
+                ));
+            }
+            let mut context = KeyContext {
+                shard: self,
+                pending: &mut pending,
+                key: record.key.to_vec(),
+            };
+            processor.handle_record(&mut context, record)?;
+            pending.progress.next_offset = Some(record.offset + 1);
+            result.records += 1;
+            let watermark = pending.watermark_us();
+            self.fire_due(
+                &mut pending,
+                processor,
+                TimeDomain::EventTime,
+                watermark,
+                &mut result,
+            )?;
+        }
+        self.fire_due(
+            &mut pending,
+            processor,
+            TimeDomain::ProcessingTime,
+            now_us,
+            &mut result,
+        )?;
+        let Pending {
+            overlay,
+            timers_added,
+            timers_removed,
+            outbox,
+            progress,
+            ..
+        } = pending;
+        let sequences = self.commit(overlay, timers_added, timers_removed, outbox.clone(), progress)?;
+        result.outputs = sequences.into_iter().zip(outbox).collect();
+        Ok(result)
+    }
+
+    /// The earliest due timer of `domain` (committed or added in this batch, not removed).
+    fn next_due(&self, pending: &Pending, domain: TimeDomain, limit_us: i64) -> Option<Timer> {
+        let committed = self
+            .timers()
+            .iter()
+            .take_while(|timer| timer.fire_at_us <= limit_us)
+            .find(|timer| timer.domain == domain && !pending.timers_removed.contains(*timer));
+        let added = pending
+            .timers_added
+            .iter()
+            .take_while(|timer| timer.fire_at_us <= limit_us)
+            .find(|timer| timer.domain == domain);
+        match (committed, added) {
+            (Some(a), Some(b)) => Some(a.min(b).clone()),
+            (a, b) => a.or(b).cloned(),
+        }
+    }
+
+    fn fire_due<P: StatefulProcessor>(
+        &self,
+        pending: &mut Pending,
+        processor: &mut P,
+        domain: TimeDomain,
+        limit_us: i64,
+        result: &mut BatchResult,
+    ) -> Result<(), StateError> {
+        while let Some(timer) = self.next_due(pending, domain, limit_us) {
+            let mut context = KeyContext {
+                shard: self,
+                pending,
+                key: timer.key.clone(),
+            };
+            context.delete_timer(&timer.name, timer.domain);
+            if timer.name == DEDUP_TIMER {
+                let watermark = context.watermark_us();
+                let mut remaining_earliest = None;
+                for (id, expires_at) in context.dedup_entries()? {
+                    if expires_at <= watermark {
+                        context.write(cf::DEDUP, keys::joined(&timer.key, &id), None);
+                        result.evicted += 1;
+                    } else {
+                        remaining_earliest =
+                            Some(remaining_earliest.map_or(expires_at, |t: i64| t.min(expires_at)));
+                    }
+                }
+                if let Some(next) = remaining_earliest {
+                    context.register_timer(DEDUP_TIMER, TimeDomain::EventTime, next);
+                }
+            } else if let Some(rest) = timer.name.strip_prefix(TTL_TIMER_PREFIX) {
+                evict(&mut context, rest);
+                result.evicted += 1;
+            } else {
+                processor.handle_timer(&mut context, &timer)?;
+                result.timers_fired += 1;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Removes what a TTL timer guards: `/v/{variable}`, `/m/{variable}/{hex key}`, `/l/{list}/{index}`.
+fn evict(context: &mut KeyContext<'_>, what: &str) {
+    let key = context.key.clone();
+    if let Some(variable) = what.strip_prefix("/v/") {
+        context.write(cf::VALUES, keys::joined(&key, variable.as_bytes()), None);
+    } else if let Some(rest) = what.strip_prefix("/m/") {
+        if let Some((variable, hex_key)) = rest.rsplit_once('/') {
+            let map_key: Vec<u8> = (0..hex_key.len() / 2)
+                .filter_map(|index| u8::from_str_radix(hex_key.get(index * 2..index * 2 + 2)?, 16).ok())
+                .collect();
+            context.write(cf::VALUES, keys::map_entry(&key, variable, &map_key), None);
+        }
+    } else if let Some(rest) = what.strip_prefix("/l/")
+        && let Some((variable, index)) = rest.rsplit_once('/')
+        && let Ok(index) = index.parse::<i64>()
+    {
+        context.write(
+            cf::VALUES,
+            keys::map_entry(&key, variable, &keys::encode_time(index)),
+            None,
+        );
+    }
+}
+
+/// Read-only access to one key's committed state, for admin reads (the analogue of Spark's state
+/// data source reader): `inspect` gets a [`KeyContext`] whose reads see committed state only;
+/// anything it writes is discarded.
+pub fn inspect<R>(
+    shard: &Shard,
+    key: &[u8],
+    allowed_lateness_us: i64,
+    inspect: impl FnOnce(&KeyContext<'_>) -> R,
+) -> R {
+    let mut pending = Pending::new(shard.progress(), allowed_lateness_us);
+    let context = KeyContext {
+        shard,
+        pending: &mut pending,
+        key: key.to_vec(),
+    };
+    inspect(&context)
+}
