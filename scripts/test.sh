@@ -4,5 +4,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh
-cargo build --workspace --bins
+cargo build --workspace --all-targets
 cargo nextest run --workspace --no-fail-fast "$@"

@@ -7,6 +7,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, bail};
 pub use contrail_testkit::*;
 
+pub mod dedup;
+
 /// A unique suffix for topic names and directories of one test.
 pub fn unique(prefix: &str) -> String {
     use std::sync::atomic::{AtomicU64, Ordering};

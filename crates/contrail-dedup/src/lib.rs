@@ -3,6 +3,7 @@
 //! event_id) order with `version` = accepted count — plus the DEPARTURE_OVERDUE timer rule and the
 //! TTLs. Everything here is pure; the stateful engine (`contrail-state`) stores the results.
 
+pub mod document;
 pub mod flight;
 pub mod fold;
 

@@ -1,0 +1,296 @@
+//! The admin API of dedup-state (`contrail.admin.v1.AdminService`).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use contrail_common::server::Health;
+use contrail_common::shutdown::Shutdown;
+use contrail_dedup::document::flight_document;
+use contrail_dedup::flight;
+use contrail_proto::admin::v1 as admin;
+use contrail_proto::state::v1::FlightKeyState;
+use contrail_state::checkpoints::CheckpointStore;
+use contrail_state::{StateError, TimeDomain};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use tonic::{Request, Response, Status};
+
+use crate::checkpointing::{Coordinator, RoundOutcome};
+use crate::metrics::DedupMetrics;
+use crate::processor::FLIGHT_STATE;
+use crate::worker::ShardSet;
+
+/// The admin service.
+pub struct DedupAdmin {
+    /// Instance name.
+    pub instance: String,
+    /// Input topic.
+    pub input_topic: String,
+    /// The shards.
+    pub shards: Arc<ShardSet>,
+    /// A group-less consumer for high watermarks.
+    pub watermarks: Arc<BaseConsumer>,
+    /// The coordinator, when this instance runs it.
+    pub coordinator: Option<Arc<Coordinator>>,
+    /// The checkpoint store.
+    pub store: CheckpointStore,
+    /// Pause flag read by the processing thread.
+    pub paused: Arc<AtomicBool>,
+    /// Readiness.
+    pub health: Health,
+    /// Process shutdown (drain).
+    pub shutdown: Shutdown,
+    /// Metrics.
+    pub metrics: DedupMetrics,
+    /// Allowed lateness, µs.
+    pub lateness_us: i64,
+    /// Start time.
+    pub started: Instant,
+}
+
+fn internal(error: impl std::fmt::Display) -> Status {
+    Status::internal(error.to_string())
+}
+
+#[tonic::async_trait]
+impl admin::admin_service_server::AdminService for DedupAdmin {
+    async fn status(
+        &self,
+        _: Request<admin::StatusRequest>,
+    ) -> Result<Response<admin::StatusResponse>, Status> {
+        let shards = self.shards.status();
+        let consumer = self.watermarks.clone();
+        let topic = self.input_topic.clone();
+        let partitions: Vec<i32> = shards.iter().map(|shard| shard.partition).collect();
+        let highs = tokio::task::spawn_blocking(move || {
+            partitions
+                .iter()
+                .map(|partition| {
+                    consumer
+                        .fetch_watermarks(&topic, *partition, Duration::from_secs(2))
+                        .map(|(_, high)| high)
+                        .unwrap_or(-1)
+                })
+                .collect::<Vec<i64>>()
+        })
+        .await
+        .map_err(internal)?;
+        let partitions = shards
+            .iter()
+            .zip(highs)
+            .map(|(shard, high)| admin::PartitionStatus {
+                topic: self.input_topic.clone(),
+                partition: shard.partition,
+                committed_offset: shard.next_offset,
+                high_watermark: high,
+                lag: if high >= 0 {
+                    (high - shard.next_offset.max(0)).max(0)
+                } else {
+                    -1
+                },
+                state_bytes: shard.state_bytes,
+            })
+            .collect();
+        let verdict = |name: &str| self.metrics.verdicts.with_label_values(&[name]).get() as f64;
+        let counters = [
+            ("records_total".to_owned(), self.metrics.records.get() as f64),
+            ("events_accepted_total".to_owned(), verdict("accepted")),
+            ("duplicates_total".to_owned(), verdict("duplicate")),
+            ("late_events_total".to_owned(), verdict("late")),
+            ("invalid_records_total".to_owned(), verdict("invalid")),
+            (
+                "timers_fired_total".to_owned(),
+                self.metrics.timers_fired.get() as f64,
+            ),
+            ("evicted_total".to_owned(), self.metrics.evicted.get() as f64),
+            ("commits_total".to_owned(), self.metrics.commits.get() as f64),
+            (
+                "outputs_resent_total".to_owned(),
+                self.metrics.outputs_resent.get() as f64,
+            ),
+            ("restores_total".to_owned(), self.metrics.restores.get() as f64),
+        ]
+        .into_iter()
+        .collect();
+        let uptime = self.started.elapsed().as_secs_f64().max(1.0);
+        Ok(Response::new(admin::StatusResponse {
+            stage: "dedup-state".to_owned(),
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            instance: self.instance.clone(),
+            ready: self.health.is_ready(),
+            paused: self.paused.load(Ordering::Relaxed),
+            uptime_seconds: uptime as i64,
+            partitions,
+            counters,
+            events_per_second: self.metrics.records.get() as f64 / uptime,
+            sources: Vec::new(),
+            in_flight: self.shards.unacknowledged() as u64,
+        }))
+    }
+
+    async fn pause(&self, _: Request<admin::PauseRequest>) -> Result<Response<admin::PauseResponse>, Status> {
+        self.paused.store(true, Ordering::Relaxed);
+        tracing::info!("paused by admin request");
+        Ok(Response::new(admin::PauseResponse { paused: true }))
+    }
+
+    async fn resume(
+        &self,
+        _: Request<admin::ResumeRequest>,
+    ) -> Result<Response<admin::ResumeResponse>, Status> {
+        self.paused.store(false, Ordering::Relaxed);
+        tracing::info!("resumed by admin request");
+        Ok(Response::new(admin::ResumeResponse { paused: false }))
+    }
+
+    async fn trigger_checkpoint(
+        &self,
+        _: Request<admin::TriggerCheckpointRequest>,
+    ) -> Result<Response<admin::TriggerCheckpointResponse>, Status> {
+        let Some(coordinator) = &self.coordinator else {
+            return Err(Status::failed_precondition(
+                "this instance does not run the checkpoint coordinator (checkpoint.coordinator = false); ask the one that does",
+            ));
+        };
+        match coordinator.round().await {
+            Ok(RoundOutcome::Complete { epoch, .. }) => {
+                Ok(Response::new(admin::TriggerCheckpointResponse { epoch }))
+            }
+            Ok(RoundOutcome::Incomplete { epoch, missing }) => Err(Status::unavailable(format!(
+                "epoch {epoch} incomplete: partitions {missing:?} did not acknowledge (owner unreachable or rebalancing)"
+            ))),
+            Err(error) => Err(Status::unavailable(error.to_string())),
+        }
+    }
+
+    async fn list_checkpoints(
+        &self,
+        _: Request<admin::ListCheckpointsRequest>,
+    ) -> Result<Response<admin::ListCheckpointsResponse>, Status> {
+        let epochs = self.store.epochs().await.map_err(internal)?;
+        let manifests = self.store.manifests().await.map_err(internal)?;
+        let checkpoints = epochs
+            .iter()
+            .rev()
+            .map(
+                |epoch| match manifests.iter().find(|manifest| manifest.epoch == *epoch) {
+                    Some(manifest) => admin::CheckpointInfo {
+                        epoch: *epoch,
+                        complete: manifest.is_complete(),
+                        created_at_us: manifest.created_at_us,
+                        partitions: manifest
+                            .shards
+                            .values()
+                            .map(|shard| admin::PartitionStatus {
+                                topic: self.input_topic.clone(),
+                                partition: shard.partition,
+                                committed_offset: shard.next_offset,
+                                ..Default::default()
+                            })
+                            .collect(),
+                    },
+                    None => admin::CheckpointInfo {
+                        epoch: *epoch,
+                        complete: false,
+                        ..Default::default()
+                    },
+                },
+            )
+            .collect();
+        Ok(Response::new(admin::ListCheckpointsResponse { checkpoints }))
+    }
+
+    async fn restore_checkpoint(
+        &self,
+        request: Request<admin::RestoreCheckpointRequest>,
+    ) -> Result<Response<admin::RestoreCheckpointResponse>, Status> {
+        let epoch = request.into_inner().epoch;
+        let manifests = self.store.manifests().await.map_err(internal)?;
+        let Some(manifest) = manifests
+            .iter()
+            .find(|manifest| manifest.epoch == epoch && manifest.is_complete())
+        else {
+            return Err(Status::not_found(format!(
+                "epoch {epoch} has no complete manifest (see ListCheckpoints)"
+            )));
+        };
+        // Restoring in place would race the processing thread; the supported procedure is the one
+        // a new pod follows anyway: stop the instance, delete its shard directories, start it —
+        // each shard then restores the newest complete checkpoint. Refuse anything else clearly.
+        let newest = manifests
+            .iter()
+            .filter(|m| m.is_complete())
+            .map(|m| m.epoch)
+            .max()
+            .unwrap_or(0);
+        Ok(Response::new(admin::RestoreCheckpointResponse {
+            accepted: false,
+            message: format!(
+                "epoch {} covers partitions {:?}; a shard restores the newest complete epoch ({newest}) when its \
+                 local directory is missing: stop this instance, delete {} and start it again",
+                manifest.epoch,
+                manifest.partitions,
+                self.shards
+                    .shard_dir(-1)
+                    .with_file_name("shard-<partition>")
+                    .display()
+            ),
+        }))
+    }
+
+    async fn read_key_state(
+        &self,
+        request: Request<admin::ReadKeyStateRequest>,
+    ) -> Result<Response<admin::ReadKeyStateResponse>, Status> {
+        let key = request.into_inner().key;
+        let lateness = self.lateness_us;
+        let found = self
+            .shards
+            .with_shards(
+                |shards| -> Result<Option<admin::ReadKeyStateResponse>, StateError> {
+                    for shard in shards {
+                        let read = contrail_state::inspect(shard, key.as_bytes(), lateness, |context| {
+                            let state: Option<FlightKeyState> = context.get(FLIGHT_STATE)?;
+                            let dedup = context.dedup_entries()?;
+                            Ok::<_, StateError>((state, dedup, context.timers()))
+                        })?;
+                        let (state, dedup, timers) = read;
+                        if state.is_none() && dedup.is_empty() && timers.is_empty() {
+                            continue;
+                        }
+                        return Ok(Some(admin::ReadKeyStateResponse {
+                            found: state.is_some(),
+                            state_json: state
+                                .map(|state| flight_document(&flight::current_state(&state)).to_string())
+                                .unwrap_or_default(),
+                            dedup_event_ids: dedup
+                                .into_iter()
+                                .map(|(id, _)| String::from_utf8_lossy(&id).into_owned())
+                                .collect(),
+                            timers: timers
+                                .into_iter()
+                                .map(|timer| admin::TimerInfo {
+                                    kind: timer.name,
+                                    fire_at_us: timer.fire_at_us,
+                                    time_domain: match timer.domain {
+                                        TimeDomain::EventTime => "event_time".to_owned(),
+                                        TimeDomain::ProcessingTime => "processing_time".to_owned(),
+                                    },
+                                })
+                                .collect(),
+                        }));
+                    }
+                    Ok(None)
+                },
+            )
+            .map_err(internal)?;
+        Ok(Response::new(found.unwrap_or_default()))
+    }
+
+    async fn drain(&self, _: Request<admin::DrainRequest>) -> Result<Response<admin::DrainResponse>, Status> {
+        tracing::info!("drain requested: finishing the batch in flight, committing, leaving the group");
+        self.health.set_ready(false);
+        self.shutdown.trigger();
+        Ok(Response::new(admin::DrainResponse { draining: true }))
+    }
+}

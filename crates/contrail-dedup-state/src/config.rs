@@ -1,0 +1,318 @@
+//! Configuration of the dedup-state stage (`CONTRAIL_…` variables, `--config` TOML).
+
+use std::path::PathBuf;
+
+use contrail_common::auth::AuthConfig;
+use contrail_common::config::ListenConfig;
+use contrail_common::kafka::KafkaConfig;
+use contrail_common::telemetry::TelemetryConfig;
+use contrail_dedup::flight::Rules;
+use serde::{Deserialize, Serialize};
+
+/// Everything the dedup-state stage can be told.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DedupStateConfig {
+    /// Instance name (pod name); defaults to `$HOSTNAME`. Also the static group member id when
+    /// `group.static_membership` is on.
+    pub instance: String,
+    /// HTTP (probes, metrics) and gRPC (admin, checkpoint control) listen addresses.
+    pub listen: ListenConfig,
+    /// Logging.
+    pub telemetry: TelemetryConfig,
+    /// The broker.
+    pub kafka: KafkaConfig,
+    /// Topic names.
+    pub topics: TopicsConfig,
+    /// Consumer group membership.
+    pub group: GroupConfig,
+    /// Where the RocksDB shards live (`CONTRAIL_STATE_DIR`): one directory per input partition.
+    pub state_dir: PathBuf,
+    /// The checkpoint store (`CONTRAIL_CHECKPOINT_URL`): a local directory path or `file:///path`
+    /// (in Kubernetes, a mounted Azure Files/Blob CSI volume shared by the pods).
+    pub checkpoint_url: String,
+    /// Checkpoint coordination.
+    pub checkpoint: CheckpointConfig,
+    /// Processing rules of DESIGN §3.
+    pub rules: RulesConfig,
+    /// Micro-batching.
+    pub batch: BatchConfig,
+    /// Authentication of the admin and control APIs.
+    pub auth: AuthConfig,
+}
+
+impl Default for DedupStateConfig {
+    fn default() -> Self {
+        DedupStateConfig {
+            instance: std::env::var("HOSTNAME").unwrap_or_else(|_| "dedup-state-0".to_owned()),
+            listen: ListenConfig::on_ports(8081, 9091),
+            telemetry: TelemetryConfig::default(),
+            kafka: KafkaConfig::default(),
+            topics: TopicsConfig::default(),
+            group: GroupConfig::default(),
+            state_dir: PathBuf::from("./data/dedup-state/shards"),
+            checkpoint_url: "./data/dedup-state/checkpoints".to_owned(),
+            checkpoint: CheckpointConfig::default(),
+            rules: RulesConfig::default(),
+            batch: BatchConfig::default(),
+            auth: AuthConfig::default(),
+        }
+    }
+}
+
+/// Topics dedup-state reads and writes (DESIGN §1).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TopicsConfig {
+    /// Input: validated events from ingest.
+    pub raw: String,
+    /// One `FlightState` per accepted event.
+    pub curated: String,
+    /// Accepted events.
+    pub accepted: String,
+    /// Late events.
+    pub late: String,
+    /// Alerts (DEPARTURE_OVERDUE).
+    pub alerts: String,
+    /// Records that are not decodable events.
+    pub dlq: String,
+    /// Create missing topics at start (local development; off against Event Hubs).
+    pub create: bool,
+    /// Partitions of created topics.
+    pub partitions: i32,
+}
+
+impl Default for TopicsConfig {
+    fn default() -> Self {
+        TopicsConfig {
+            raw: "ops.events.raw".to_owned(),
+            curated: "ops.flights.curated".to_owned(),
+            accepted: "ops.events.accepted".to_owned(),
+            late: "ops.events.late".to_owned(),
+            alerts: "ops.alerts".to_owned(),
+            dlq: "ops.events.dlq".to_owned(),
+            create: true,
+            partitions: 4,
+        }
+    }
+}
+
+/// Consumer group membership.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GroupConfig {
+    /// `group.id`.
+    pub id: String,
+    /// Static membership: `group.instance.id` = `instance`, so a restarting pod gets its partitions
+    /// back without a rebalance (Event Hubs and Kubernetes StatefulSets: on).
+    pub static_membership: bool,
+    /// `session.timeout.ms`: how long a silent member keeps its partitions.
+    pub session_timeout_ms: u64,
+    /// `partition.assignment.strategy`: `cooperative-sticky` (incremental) or `range`/`roundrobin`.
+    pub assignment_strategy: String,
+}
+
+impl Default for GroupConfig {
+    fn default() -> Self {
+        GroupConfig {
+            id: "contrail-dedup-state".to_owned(),
+            static_membership: false,
+            session_timeout_ms: 10_000,
+            assignment_strategy: "cooperative-sticky".to_owned(),
+        }
+    }
+}
+
+/// Checkpoints (DESIGN §4).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CheckpointConfig {
+    /// Whether this instance runs the checkpoint coordinator (exactly one instance should: in the
+    /// Helm chart, ordinal 0 of the StatefulSet).
+    pub coordinator: bool,
+    /// The control endpoints (`http://host:port`, the gRPC ports) of every shard owner, this one
+    /// included. Empty: only this instance.
+    pub peers: Vec<String>,
+    /// Time between checkpoints; 0 disables periodic checkpoints (the admin API can still trigger).
+    pub interval_ms: u64,
+    /// How long a barrier (checkpoint + upload) may take per owner.
+    pub barrier_timeout_ms: u64,
+    /// Complete epochs kept; older ones are garbage-collected.
+    pub keep: usize,
+}
+
+impl Default for CheckpointConfig {
+    fn default() -> Self {
+        CheckpointConfig {
+            coordinator: true,
+            peers: Vec::new(),
+            interval_ms: 60_000,
+            barrier_timeout_ms: 120_000,
+            keep: 2,
+        }
+    }
+}
+
+/// DESIGN §3's time rules, in seconds of event time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RulesConfig {
+    /// How far behind a flight's newest event an event may be and still be applied.
+    pub allowed_lateness_secs: i64,
+    /// How long after its event time a dedup entry is kept.
+    pub dedup_ttl_secs: i64,
+    /// How long after a flight's last event its state is kept.
+    pub state_ttl_secs: i64,
+    /// DEPARTURE_OVERDUE after `scheduled_out` + this without OUT/CANCELLED.
+    pub overdue_after_secs: i64,
+}
+
+impl Default for RulesConfig {
+    fn default() -> Self {
+        RulesConfig {
+            allowed_lateness_secs: 3_600,
+            dedup_ttl_secs: 72 * 3_600,
+            state_ttl_secs: 48 * 3_600,
+            overdue_after_secs: 15 * 60,
+        }
+    }
+}
+
+impl RulesConfig {
+    /// The rules in microseconds.
+    pub fn rules(&self) -> Rules {
+        const SECOND: i64 = 1_000_000;
+        Rules {
+            allowed_lateness_us: self.allowed_lateness_secs.saturating_mul(SECOND),
+            dedup_ttl_us: self.dedup_ttl_secs.saturating_mul(SECOND),
+            state_ttl_us: self.state_ttl_secs.saturating_mul(SECOND),
+            overdue_after_us: self.overdue_after_secs.saturating_mul(SECOND),
+        }
+    }
+}
+
+/// Micro-batching: a batch ends at `max_records` or after `max_wait_ms`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BatchConfig {
+    /// Records per micro-batch (over all shards).
+    pub max_records: usize,
+    /// How long to wait to fill a batch.
+    pub max_wait_ms: u64,
+    /// Outputs produced but not yet acknowledged by the broker above which consumption waits.
+    pub max_unacknowledged: usize,
+}
+
+impl Default for BatchConfig {
+    fn default() -> Self {
+        BatchConfig {
+            max_records: 2_000,
+            max_wait_ms: 50,
+            max_unacknowledged: 50_000,
+        }
+    }
+}
+
+impl DedupStateConfig {
+    /// Checks values serde cannot; the message names the key and the bad value.
+    pub fn validate(&self) -> Result<(), String> {
+        let rules = &self.rules;
+        for (name, value) in [
+            ("rules.allowed_lateness_secs", rules.allowed_lateness_secs),
+            ("rules.dedup_ttl_secs", rules.dedup_ttl_secs),
+            ("rules.state_ttl_secs", rules.state_ttl_secs),
+            ("rules.overdue_after_secs", rules.overdue_after_secs),
+        ] {
+            if value < 0 {
+                return Err(format!("{name} = {value}: must not be negative"));
+            }
+        }
+        if rules.dedup_ttl_secs < rules.allowed_lateness_secs {
+            return Err(format!(
+                "rules.dedup_ttl_secs = {} is shorter than rules.allowed_lateness_secs = {}: a duplicate \
+                 arriving within the lateness bound would be accepted twice",
+                rules.dedup_ttl_secs, rules.allowed_lateness_secs
+            ));
+        }
+        if self.batch.max_records == 0 {
+            return Err("batch.max_records = 0: must be at least 1".to_owned());
+        }
+        if self.checkpoint.keep == 0 {
+            return Err("checkpoint.keep = 0: must keep at least one complete checkpoint".to_owned());
+        }
+        if self.checkpoint_url.starts_with("az://") || self.checkpoint_url.starts_with("abfss://") {
+            return Err(format!(
+                "checkpoint_url = {:?}: Azure object stores are not compiled into this build; mount the \
+                 storage as a volume and give its path (see docs/OPERATIONS.md)",
+                self.checkpoint_url
+            ));
+        }
+        for peer in &self.checkpoint.peers {
+            if !(peer.starts_with("http://") || peer.starts_with("https://")) {
+                return Err(format!(
+                    "checkpoint.peers: {peer:?} must start with http:// or https://"
+                ));
+            }
+        }
+        if !["cooperative-sticky", "range", "roundrobin"].contains(&self.group.assignment_strategy.as_str()) {
+            return Err(format!(
+                "group.assignment_strategy = {:?}: use cooperative-sticky, range or roundrobin",
+                self.group.assignment_strategy
+            ));
+        }
+        Ok(())
+    }
+
+    /// The local checkpoint-store directory of `checkpoint_url`.
+    pub fn checkpoint_dir(&self) -> PathBuf {
+        PathBuf::from(
+            self.checkpoint_url
+                .strip_prefix("file://")
+                .unwrap_or(&self.checkpoint_url),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_match_the_contract() {
+        let config = DedupStateConfig::default();
+        assert_eq!(config.validate(), Ok(()));
+        let rules = config.rules.rules();
+        assert_eq!(
+            rules,
+            Rules::default(),
+            "DESIGN §3 defaults: 1 h lateness, 72 h dedup, 48 h state"
+        );
+    }
+
+    /// The annotated example in deploy/config parses with the real loader and is valid.
+    #[test]
+    fn the_example_configuration_is_valid() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../deploy/config/dedup-state.example.toml");
+        let no_environment = figment::providers::Env::prefixed("CONTRAIL_EXAMPLE_TEST_UNSET_");
+        let config: DedupStateConfig =
+            contrail_common::config::load_from(Some(&path), no_environment).expect("example parses");
+        assert_eq!(config.validate(), Ok(()));
+        assert!(config.group.static_membership);
+        assert_eq!(config.checkpoint.peers.len(), 2);
+    }
+
+    #[test]
+    fn bad_values_are_named() {
+        let mut config = DedupStateConfig::default();
+        config.rules.dedup_ttl_secs = 10;
+        let error = config.validate().expect_err("dedup ttl below lateness");
+        assert!(error.contains("rules.dedup_ttl_secs = 10"), "{error}");
+        let mut config = DedupStateConfig::default();
+        config.checkpoint.peers = vec!["dedup-0:9091".to_owned()];
+        assert!(config.validate().expect_err("scheme").contains("dedup-0:9091"));
+        let mut config = DedupStateConfig::default();
+        config.group.assignment_strategy = "sticky".to_owned();
+        assert!(config.validate().expect_err("strategy").contains("\"sticky\""));
+    }
+}

@@ -1,0 +1,292 @@
+//! The `dedup-state` stage: the stateful heart of contrail (DESIGN §3, §4).
+//!
+//! Consumes `ops.events.raw` as a consumer-group member; each assigned partition is a shard — a
+//! RocksDB instance of the `contrail-state` engine — opened at the offset stored in it (reopened,
+//! restored from the newest complete checkpoint, or empty). The flight processor dedups by event
+//! id, routes late events to `ops.events.late`, orders each flight's accepted events by
+//! (event_time, event_id), folds them into a `FlightState` (to `ops.flights.curated`, version =
+//! accepted count), forwards accepted events to `ops.events.accepted` and raises
+//! DEPARTURE_OVERDUE alerts from event-time timers. State, timers, outputs (an outbox) and the
+//! input offset of each micro-batch are one RocksDB write batch; outputs are produced after commit
+//! and deleted from the outbox when the broker acknowledges them.
+//!
+//! Checkpoints are coordinated over gRPC (`contrail.control.v1`): see [`checkpointing`].
+
+pub mod admin;
+pub mod checkpointing;
+pub mod config;
+pub mod error;
+pub mod metrics;
+pub mod processor;
+pub mod worker;
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use contrail_common::metrics::MetricsRegistry;
+use contrail_common::server::{self, Health};
+use contrail_common::shutdown::Shutdown;
+use contrail_proto::admin::v1::admin_service_server::AdminServiceServer;
+use contrail_proto::control::v1::checkpoint_control_server::CheckpointControlServer;
+use contrail_state::checkpoints::CheckpointStore;
+use rdkafka::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::producer::ThreadedProducer;
+
+pub use config::DedupStateConfig;
+pub use error::DedupStateError;
+
+use crate::checkpointing::{ControlServer, Coordinator};
+use crate::worker::{GroupContext, OutputContext, ShardSet, WorkerSettings};
+
+/// librdkafka settings of the output producer: idempotent, all replicas, long retries (an output
+/// stays in the outbox until acknowledged, so giving up early only means re-sending later).
+pub fn producer_config(config: &DedupStateConfig) -> Result<ClientConfig, DedupStateError> {
+    let mut client = config.kafka.client_config("dedup-state")?;
+    client
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("linger.ms", "5")
+        .set("message.timeout.ms", "300000");
+    for (key, value) in &config.kafka.properties {
+        client.set(key, value);
+    }
+    Ok(client)
+}
+
+/// librdkafka settings of the group consumer. Offsets are never auto-committed: the offset of
+/// record is the one stored in each shard.
+pub fn consumer_config(config: &DedupStateConfig) -> Result<ClientConfig, DedupStateError> {
+    let mut client = config.kafka.client_config("dedup-state")?;
+    client
+        .set("group.id", &config.group.id)
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("auto.offset.reset", "earliest")
+        .set("session.timeout.ms", config.group.session_timeout_ms.to_string())
+        .set("partition.assignment.strategy", &config.group.assignment_strategy)
+        .set("enable.partition.eof", "false");
+    if config.group.static_membership {
+        client.set("group.instance.id", &config.instance);
+    }
+    for (key, value) in &config.kafka.properties {
+        client.set(key, value);
+    }
+    Ok(client)
+}
+
+/// Runs the stage until `shutdown`.
+pub async fn run(config: DedupStateConfig, shutdown: Shutdown) -> Result<(), DedupStateError> {
+    config
+        .validate()
+        .map_err(|message| DedupStateError::Common(contrail_common::CommonError::Config(message)))?;
+    let started = Instant::now();
+    let registry = MetricsRegistry::new();
+    let metrics = metrics::DedupMetrics::new(&registry);
+    let health = Health::new();
+    let tokens = config.auth.load()?;
+    if !tokens.enabled() {
+        tracing::warn!(
+            "no auth.tokens configured: the admin and control APIs accept unauthenticated requests"
+        );
+    }
+    if config.topics.create {
+        let t = &config.topics;
+        let names = [&t.raw, &t.curated, &t.accepted, &t.late, &t.alerts, &t.dlq].map(String::as_str);
+        contrail_common::kafka::create_topics(&config.kafka, "dedup-state", &names, t.partitions).await?;
+    }
+    let store = CheckpointStore::local(&config.checkpoint_dir())?;
+
+    let (delivery_sender, delivery_receiver) = std::sync::mpsc::channel();
+    let producer: ThreadedProducer<OutputContext> = producer_config(&config)?
+        .create_with_context(worker::output_context(delivery_sender))
+        .map_err(|error| DedupStateError::Broker(format!("producer: {error}")))?;
+    let shards = Arc::new(ShardSet::new(
+        config.state_dir.clone(),
+        store.clone(),
+        tokio::runtime::Handle::current(),
+        producer,
+        delivery_receiver,
+        config.topics.clone(),
+        config.rules.rules(),
+        metrics.clone(),
+    )?);
+    let watermarks: Arc<BaseConsumer> = Arc::new(
+        config
+            .kafka
+            .client_config("dedup-state-metadata")?
+            .create()
+            .map_err(|error| DedupStateError::Broker(format!("metadata client: {error}")))?,
+    );
+
+    let http_listener = server::bind(&config.listen.http, "HTTP").await?;
+    let grpc_listener = server::bind(&config.listen.grpc, "gRPC").await?;
+    let grpc_port = grpc_listener
+        .local_addr()
+        .map(|address| address.port())
+        .unwrap_or(0);
+
+    let (command_sender, command_receiver) = std::sync::mpsc::channel();
+    let coordinator = if config.checkpoint.coordinator {
+        let peers = if config.checkpoint.peers.is_empty() {
+            vec![format!("http://127.0.0.1:{grpc_port}")]
+        } else {
+            config.checkpoint.peers.clone()
+        };
+        let lookup_client = watermarks.clone();
+        let input_topic = config.topics.raw.clone();
+        let partitions = Arc::new(move || -> Result<BTreeSet<i32>, String> {
+            let metadata = lookup_client
+                .fetch_metadata(Some(&input_topic), Duration::from_secs(5))
+                .map_err(|error| format!("metadata of {input_topic}: {error}"))?;
+            let topic = metadata
+                .topics()
+                .iter()
+                .find(|topic| topic.name() == input_topic)
+                .ok_or_else(|| format!("topic {input_topic} not found"))?;
+            Ok(topic
+                .partitions()
+                .iter()
+                .map(|partition| partition.id())
+                .collect())
+        });
+        let token = config
+            .auth
+            .secrets()?
+            .first()
+            .map(|token| token.expose().to_owned());
+        Some(Arc::new(Coordinator::new(
+            config.instance.clone(),
+            peers,
+            token,
+            store.clone(),
+            Duration::from_millis(config.checkpoint.barrier_timeout_ms),
+            config.checkpoint.keep,
+            partitions,
+            metrics.clone(),
+        )))
+    } else {
+        None
+    };
+
+    let paused = Arc::new(AtomicBool::new(false));
+    let admin = admin::DedupAdmin {
+        instance: config.instance.clone(),
+        input_topic: config.topics.raw.clone(),
+        shards: shards.clone(),
+        watermarks: watermarks.clone(),
+        coordinator: coordinator.clone(),
+        store: store.clone(),
+        paused: paused.clone(),
+        health: health.clone(),
+        shutdown: shutdown.clone(),
+        metrics: metrics.clone(),
+        lateness_us: config.rules.rules().allowed_lateness_us,
+        started,
+    };
+    let control = ControlServer::new(config.instance.clone(), command_sender, store.clone());
+    let routes = tonic::service::Routes::new(AdminServiceServer::with_interceptor(
+        admin,
+        tokens.grpc_interceptor(),
+    ))
+    .add_service(CheckpointControlServer::with_interceptor(
+        control,
+        tokens.grpc_interceptor(),
+    ));
+    let grpc_shutdown = shutdown.clone();
+    let grpc = tokio::spawn(async move {
+        server::serve_grpc(
+            grpc_listener,
+            routes,
+            &[
+                "contrail.admin.v1.AdminService",
+                "contrail.control.v1.CheckpointControl",
+            ],
+            grpc_shutdown,
+        )
+        .await
+    });
+    let http_shutdown = shutdown.clone();
+    let http_health = health.clone();
+    let http = tokio::spawn(async move {
+        server::serve_http(
+            http_listener,
+            axum::Router::new(),
+            http_health,
+            registry,
+            http_shutdown,
+        )
+        .await
+    });
+
+    if let Some(coordinator) = &coordinator
+        && config.checkpoint.interval_ms > 0
+    {
+        tokio::spawn(coordinator.clone().run(
+            Duration::from_millis(config.checkpoint.interval_ms),
+            shutdown.token().clone(),
+        ));
+    }
+
+    // The processing thread: RocksDB and librdkafka calls are blocking, so it is a plain thread.
+    let stop = Arc::new(AtomicBool::new(false));
+    let consumer: BaseConsumer<GroupContext> = consumer_config(&config)?
+        .create_with_context(worker::group_context(shards.clone(), &config.topics.raw))
+        .map_err(|error| DedupStateError::Broker(format!("consumer: {error}")))?;
+    let settings = WorkerSettings {
+        input_topic: config.topics.raw.clone(),
+        max_records: config.batch.max_records,
+        max_wait: Duration::from_millis(config.batch.max_wait_ms),
+        max_unacknowledged: config.batch.max_unacknowledged,
+        lateness_us: config.rules.rules().allowed_lateness_us,
+    };
+    let (done_sender, done) = tokio::sync::oneshot::channel();
+    let thread_stop = stop.clone();
+    let thread_paused = paused.clone();
+    let thread_shards = shards.clone();
+    std::thread::Builder::new()
+        .name("dedup-worker".to_owned())
+        .spawn(move || {
+            let result = worker::run(
+                &consumer,
+                &thread_shards,
+                &settings,
+                &command_receiver,
+                &thread_stop,
+                &thread_paused,
+            );
+            drop(consumer);
+            let _ = done_sender.send(result);
+        })
+        .map_err(|error| DedupStateError::Worker(format!("cannot start: {error}")))?;
+    health.set_ready(true);
+    tracing::info!(instance = %config.instance, state_dir = %config.state_dir.display(), "dedup-state running");
+
+    let mut done = done;
+    let finished_first = tokio::select! {
+        () = shutdown.triggered() => None,
+        result = &mut done => Some(result),
+    };
+    let worker_result = match finished_first {
+        None => {
+            tracing::info!("shutdown: finishing the batch in flight");
+            health.set_ready(false);
+            stop.store(true, Ordering::Relaxed);
+            done.await
+        }
+        Some(result) => {
+            shutdown.trigger();
+            result
+        }
+    };
+    let result = worker_result.unwrap_or_else(|_| {
+        Err(DedupStateError::Worker(
+            "the processing thread panicked".to_owned(),
+        ))
+    });
+    let _ = grpc.await;
+    let _ = http.await;
+    result
+}

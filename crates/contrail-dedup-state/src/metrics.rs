@@ -1,0 +1,124 @@
+//! Every metric of the dedup-state stage, with stable names.
+
+use contrail_common::metrics::MetricsRegistry;
+use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts};
+
+/// The dedup-state stage's metrics.
+#[derive(Clone)]
+pub struct DedupMetrics {
+    /// Input records processed (reprocessing after a restore counts again).
+    pub records: IntCounter,
+    /// Verdicts: `accepted`, `duplicate`, `late`, `invalid`.
+    pub verdicts: IntCounterVec,
+    /// User timers fired, by kind.
+    pub timers_fired: IntCounter,
+    /// State entries evicted by TTL (values and dedup entries).
+    pub evicted: IntCounter,
+    /// Micro-batches committed (one RocksDB write batch each per shard).
+    pub commits: IntCounter,
+    /// Time to process and commit a micro-batch of one shard.
+    pub commit_seconds: Histogram,
+    /// Outputs committed to the outbox and not yet acknowledged by the broker.
+    pub outbox_pending: IntGauge,
+    /// Outputs re-sent (after a restart, or after a failed delivery).
+    pub outputs_resent: IntCounter,
+    /// Approximate RocksDB bytes per shard.
+    pub state_bytes: IntGaugeVec,
+    /// Next input offset per shard.
+    pub shard_offset: IntGaugeVec,
+    /// Checkpoint rounds, by outcome (`complete`, `incomplete`, `failed`).
+    pub checkpoints: IntCounterVec,
+    /// Time of a checkpoint round (barrier to manifest).
+    pub checkpoint_seconds: Histogram,
+    /// Shards restored from the checkpoint store.
+    pub restores: IntCounter,
+}
+
+impl DedupMetrics {
+    /// Creates and registers the metrics.
+    pub fn new(registry: &MetricsRegistry) -> DedupMetrics {
+        let metrics = DedupMetrics {
+            records: IntCounter::new("contrail_dedup_records_total", "Input records processed")
+                .expect("static metric"),
+            verdicts: IntCounterVec::new(
+                Opts::new(
+                    "contrail_dedup_events_total",
+                    "Events by verdict: accepted, duplicate, late, invalid",
+                ),
+                &["verdict"],
+            )
+            .expect("static metric"),
+            timers_fired: IntCounter::new("contrail_dedup_timers_fired_total", "User timers fired")
+                .expect("static metric"),
+            evicted: IntCounter::new("contrail_dedup_evicted_total", "State entries evicted by TTL")
+                .expect("static metric"),
+            commits: IntCounter::new(
+                "contrail_dedup_commits_total",
+                "Micro-batches committed per shard",
+            )
+            .expect("static metric"),
+            commit_seconds: Histogram::with_opts(
+                HistogramOpts::new(
+                    "contrail_dedup_commit_seconds",
+                    "Process + commit time of one shard batch",
+                )
+                .buckets(vec![
+                    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+                ]),
+            )
+            .expect("static metric"),
+            outbox_pending: IntGauge::new(
+                "contrail_dedup_outbox_pending",
+                "Outputs committed but not yet acknowledged by the broker",
+            )
+            .expect("static metric"),
+            outputs_resent: IntCounter::new(
+                "contrail_dedup_outputs_resent_total",
+                "Outputs re-sent from the outbox",
+            )
+            .expect("static metric"),
+            state_bytes: IntGaugeVec::new(
+                Opts::new(
+                    "contrail_dedup_state_bytes",
+                    "Approximate RocksDB bytes per shard",
+                ),
+                &["partition"],
+            )
+            .expect("static metric"),
+            shard_offset: IntGaugeVec::new(
+                Opts::new("contrail_dedup_shard_next_offset", "Next input offset per shard"),
+                &["partition"],
+            )
+            .expect("static metric"),
+            checkpoints: IntCounterVec::new(
+                Opts::new("contrail_dedup_checkpoints_total", "Checkpoint rounds by outcome"),
+                &["outcome"],
+            )
+            .expect("static metric"),
+            checkpoint_seconds: Histogram::with_opts(
+                HistogramOpts::new("contrail_dedup_checkpoint_seconds", "Checkpoint round duration")
+                    .buckets(vec![0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]),
+            )
+            .expect("static metric"),
+            restores: IntCounter::new(
+                "contrail_dedup_restores_total",
+                "Shards restored from the checkpoint store",
+            )
+            .expect("static metric"),
+        };
+        registry.register(&metrics.records);
+        registry.register(&metrics.verdicts);
+        registry.register(&metrics.timers_fired);
+        registry.register(&metrics.evicted);
+        registry.register(&metrics.commits);
+        registry.register(&metrics.commit_seconds);
+        registry.register(&metrics.outbox_pending);
+        registry.register(&metrics.outputs_resent);
+        registry.register(&metrics.state_bytes);
+        registry.register(&metrics.shard_offset);
+        registry.register(&metrics.checkpoints);
+        registry.register(&metrics.checkpoint_seconds);
+        registry.register(&metrics.restores);
+        metrics
+    }
+}

@@ -1,0 +1,195 @@
+//! The flight processor: DESIGN §3 on the state engine. Per flight key it keeps the
+//! `FlightKeyState` (value state with the state TTL), the dedup entries of accepted event ids (dedup
+//! TTL) and the DEPARTURE_OVERDUE event-time timer; per record it decides duplicate / late / accepted
+//! with the pure [`contrail_dedup::flight::decide`] and emits the outputs.
+//!
+//! Everything emitted is a function of the input alone (no wall clock), so reprocessing after a
+//! crash or a restore regenerates byte-identical outputs.
+
+use contrail_dedup::flight::{self, Rules, Verdict};
+use contrail_proto::state::v1::FlightKeyState;
+use contrail_proto::v1::{Alert, DeadLetter, OperationalEvent, SourcePosition};
+use contrail_state::{InputRecord, KeyContext, StateError, StatefulProcessor, TimeDomain, Timer};
+use prost::Message;
+
+use crate::metrics::DedupMetrics;
+
+/// The value-state variable holding a flight's `FlightKeyState`.
+pub const FLIGHT_STATE: &str = "flight";
+/// The DEPARTURE_OVERDUE timer.
+pub const OVERDUE_TIMER: &str = "departure_overdue";
+/// Alert kind of the overdue rule.
+pub const DEPARTURE_OVERDUE: &str = "DEPARTURE_OVERDUE";
+/// State key used for input records whose key cannot be a state key (empty, or containing NUL).
+pub const INVALID_KEY: &[u8] = b"\xffinvalid-key";
+
+/// Where outputs go: the stage's topic configuration.
+pub type OutputTopics = crate::config::TopicsConfig;
+
+/// The DESIGN §3 processor.
+pub struct FlightProcessor {
+    rules: Rules,
+    topics: OutputTopics,
+    partition: i32,
+    metrics: Option<DedupMetrics>,
+}
+
+impl FlightProcessor {
+    /// A processor for the shard of `partition`.
+    pub fn new(rules: Rules, topics: OutputTopics, partition: i32, metrics: Option<DedupMetrics>) -> Self {
+        FlightProcessor {
+            rules,
+            topics,
+            partition,
+            metrics,
+        }
+    }
+
+    fn count(&self, verdict: &str) {
+        if let Some(metrics) = &self.metrics {
+            metrics.verdicts.with_label_values(&[verdict]).inc();
+        }
+    }
+
+    fn dead_letter(&self, context: &mut KeyContext<'_>, record: &InputRecord<'_>, reason: String) {
+        self.count("invalid");
+        tracing::warn!(partition = self.partition, offset = record.offset, %reason, "undecodable input record to the dead-letter topic");
+        let letter = DeadLetter {
+            stage: "dedup-state".to_owned(),
+            reason,
+            errors: Vec::new(),
+            payload: record.payload.to_vec(),
+            content_type: "application/x-protobuf; contrail.v1.OperationalEvent".to_owned(),
+            record_index: 0,
+            origin: self.topics.raw.clone(),
+            // Deterministic outputs: no wall clock. The input position identifies the record.
+            rejected_at_us: 0,
+            input: Some(self.position(record.offset)),
+        };
+        let key = record.key.to_vec();
+        context.emit(&self.topics.dlq, &key, letter.encode_to_vec());
+    }
+
+    fn position(&self, offset: i64) -> SourcePosition {
+        SourcePosition {
+            topic: self.topics.raw.clone(),
+            partition: self.partition,
+            offset,
+        }
+    }
+}
+
+impl StatefulProcessor for FlightProcessor {
+    fn handle_record(
+        &mut self,
+        context: &mut KeyContext<'_>,
+        record: &InputRecord<'_>,
+    ) -> Result<(), StateError> {
+        let event = match OperationalEvent::decode(record.payload) {
+            Ok(event) => event,
+            Err(error) => {
+                self.dead_letter(
+                    context,
+                    record,
+                    format!("not a contrail.v1.OperationalEvent: {error}"),
+                );
+                return Ok(());
+            }
+        };
+        if event.event_id.is_empty() || event.flight_key.as_bytes() != record.key {
+            let reason = format!(
+                "event {:?}: record key {:?} does not equal flight_key {:?} (or event_id is empty)",
+                event.event_id,
+                String::from_utf8_lossy(record.key),
+                event.flight_key
+            );
+            self.dead_letter(context, record, reason);
+            return Ok(());
+        }
+        context.observe_event_time(event.event_time_us);
+        let position = self.position(record.offset);
+        let mut key_state: Option<FlightKeyState> = context.get(FLIGHT_STATE)?;
+        let already_seen = context.dedup_contains(event.event_id.as_bytes())?;
+        let shard_max = context.max_event_time_us();
+        match flight::decide(
+            &mut key_state,
+            &event,
+            &position,
+            already_seen,
+            shard_max,
+            &self.rules,
+        ) {
+            Verdict::Duplicate => self.count("duplicate"),
+            Verdict::Late { watermark_us } => {
+                self.count("late");
+                tracing::debug!(event_id = %event.event_id, flight_key = %event.flight_key, watermark_us, "late event");
+                let mut late = event;
+                late.input = Some(position);
+                context.emit(&self.topics.late, record.key, late.encode_to_vec());
+            }
+            Verdict::Accepted { state } => {
+                self.count("accepted");
+                let Some(key_state) = key_state else {
+                    return Err(StateError::Processor(
+                        "decide accepted without a key state".to_owned(),
+                    ));
+                };
+                context.dedup_insert(
+                    event.event_id.as_bytes(),
+                    flight::dedup_expiry(&event, &self.rules),
+                );
+                context.set(
+                    FLIGHT_STATE,
+                    &key_state,
+                    Some(flight::state_expiry(&key_state, &self.rules)),
+                );
+                match flight::overdue_timer(&state, key_state.overdue_alerted, &self.rules) {
+                    Some(fire_at) => context.register_timer(OVERDUE_TIMER, TimeDomain::EventTime, fire_at),
+                    None => context.delete_timer(OVERDUE_TIMER, TimeDomain::EventTime),
+                }
+                context.emit(&self.topics.curated, record.key, state.encode_to_vec());
+                let mut accepted = event;
+                accepted.input = Some(position);
+                context.emit(&self.topics.accepted, record.key, accepted.encode_to_vec());
+            }
+        }
+        Ok(())
+    }
+
+    fn handle_timer(&mut self, context: &mut KeyContext<'_>, timer: &Timer) -> Result<(), StateError> {
+        if timer.name != OVERDUE_TIMER {
+            return Ok(());
+        }
+        let Some(mut key_state) = context.get::<FlightKeyState>(FLIGHT_STATE)? else {
+            return Ok(());
+        };
+        let current = flight::current_state(&key_state);
+        if key_state.overdue_alerted || !flight::is_overdue(&current, timer.fire_at_us, &self.rules) {
+            return Ok(());
+        }
+        key_state.overdue_alerted = true;
+        context.set(
+            FLIGHT_STATE,
+            &key_state,
+            Some(flight::state_expiry(&key_state, &self.rules)),
+        );
+        let alert = Alert {
+            alert_id: format!("{}/{DEPARTURE_OVERDUE}", current.flight_key),
+            kind: DEPARTURE_OVERDUE.to_owned(),
+            flight_key: current.flight_key.clone(),
+            fired_at_us: timer.fire_at_us,
+            message: format!(
+                "{} has not left the gate {} minutes after its scheduled departure",
+                current.flight_key,
+                self.rules.overdue_after_us / 60_000_000
+            ),
+            input: current.input.clone(),
+        };
+        if let Some(metrics) = &self.metrics {
+            metrics.timers_fired.inc();
+        }
+        let key = context.key().to_vec();
+        context.emit(&self.topics.alerts, &key, alert.encode_to_vec());
+        Ok(())
+    }
+}

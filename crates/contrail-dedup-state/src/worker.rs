@@ -1,0 +1,712 @@
+//! The processing thread: a consumer-group member that owns one RocksDB shard per assigned input
+//! partition, runs micro-batches through the flight processor, and produces the outbox.
+//!
+//! - **Assignment** (inside the rebalance callback, before the partitions are handed to the fetcher):
+//!   each new partition's shard is reopened from the local directory, or restored from the newest
+//!   complete checkpoint, or started empty (the pure [`protocol::restore_plan`]); the partition is
+//!   then assigned *at the offset stored in the shard* — never at a group offset or a guess — and the
+//!   shard's outbox is queued for re-sending.
+//! - **Batches**: records are grouped per partition; a record below the shard's stored offset is
+//!   already reflected in its state and skipped (a stale fetch); one `process_batch` per shard commits
+//!   state, timers, outputs and the offset in one write batch; then the outputs are produced.
+//! - **Outbox**: the producer's delivery reports come back on a channel; acknowledged outputs are
+//!   deleted from the outbox, failed ones re-sent. Output order within a key follows commit order.
+//! - **Revocation**: the shard's outputs are flushed, acknowledgements applied, the shard closed.
+//!   Batches are processed between polls, so a revocation never interrupts one.
+//! - **Checkpoint barriers** arrive as commands and run between batches: a RocksDB checkpoint of
+//!   every owned shard (hard links), handed to the async side for upload.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, Sender};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use contrail_state::checkpoints::CheckpointStore;
+use contrail_state::protocol::{self, LocalShard, RestorePlan};
+use contrail_state::{EngineConfig, InputRecord, OutboxRecord, Shard, StateError};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, RebalanceProtocol};
+use rdkafka::error::KafkaError;
+use rdkafka::message::Message;
+use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
+use rdkafka::types::RDKafkaRespErr;
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use tokio::sync::oneshot;
+
+use crate::error::DedupStateError;
+use crate::metrics::DedupMetrics;
+use crate::processor::{FlightProcessor, INVALID_KEY, OutputTopics};
+use contrail_dedup::flight::Rules;
+
+/// One delivery report of an output.
+#[derive(Debug)]
+pub struct Delivery {
+    partition: i32,
+    sequence: u64,
+    ok: bool,
+}
+
+/// Producer context: forwards delivery reports to the processing thread.
+pub struct OutputContext {
+    deliveries: Mutex<Sender<Delivery>>,
+}
+
+impl ClientContext for OutputContext {}
+
+/// The producer context sending delivery reports to `deliveries`.
+pub fn output_context(deliveries: Sender<Delivery>) -> OutputContext {
+    OutputContext {
+        deliveries: Mutex::new(deliveries),
+    }
+}
+
+impl ProducerContext for OutputContext {
+    type DeliveryOpaque = Box<(i32, u64)>;
+
+    fn delivery(&self, result: &DeliveryResult<'_>, opaque: Self::DeliveryOpaque) {
+        let (partition, sequence) = *opaque;
+        if let Err((error, _)) = result {
+            tracing::warn!(partition, sequence, %error, "output not acknowledged; it will be re-sent");
+        }
+        let delivery = Delivery {
+            partition,
+            sequence,
+            ok: result.is_ok(),
+        };
+        if let Ok(sender) = self.deliveries.lock() {
+            let _ = sender.send(delivery);
+        }
+    }
+}
+
+/// What a shard owner checkpointed locally for an epoch (uploaded by the async side).
+#[derive(Debug, Clone)]
+pub struct LocalCheckpoint {
+    /// Input partition.
+    pub partition: i32,
+    /// Next input offset of the checkpointed state (0: nothing processed yet).
+    pub next_offset: i64,
+    /// The RocksDB checkpoint directory.
+    pub dir: PathBuf,
+}
+
+/// Requests to the processing thread.
+pub enum Command {
+    /// Checkpoint every owned shard for `epoch`.
+    Checkpoint {
+        /// The epoch.
+        epoch: u64,
+        /// Where to send the local checkpoints.
+        reply: oneshot::Sender<Result<Vec<LocalCheckpoint>, String>>,
+    },
+}
+
+/// Status of one owned shard.
+#[derive(Debug, Clone)]
+pub struct ShardStatus {
+    /// Input partition.
+    pub partition: i32,
+    /// Next input offset (`-1`: nothing processed).
+    pub next_offset: i64,
+    /// Approximate RocksDB bytes.
+    pub state_bytes: u64,
+    /// How the shard was opened: `reopened`, `restored epoch N`, `empty`.
+    pub origin: String,
+}
+
+struct OwnedShard {
+    shard: Shard,
+    origin: String,
+}
+
+struct Inner {
+    shards: BTreeMap<i32, OwnedShard>,
+    /// Outputs to (re-)produce before anything new: (partition, sequence, record).
+    resend: VecDeque<(i32, u64, OutboxRecord)>,
+    unacknowledged: usize,
+}
+
+/// The owned shards and everything needed to open, process and close them. Shared by the
+/// processing thread, its rebalance callback and the admin API.
+pub struct ShardSet {
+    inner: Mutex<Inner>,
+    state_dir: PathBuf,
+    staging_dir: PathBuf,
+    store: CheckpointStore,
+    runtime: tokio::runtime::Handle,
+    producer: ThreadedProducer<OutputContext>,
+    deliveries: Mutex<Receiver<Delivery>>,
+    topics: OutputTopics,
+    rules: Rules,
+    metrics: DedupMetrics,
+    /// Set when a shard failed to open or commit: the processing thread stops and the process exits
+    /// (a restart recovers from the local directory or the checkpoint store).
+    failed: Mutex<Option<String>>,
+    /// Records processed, for rates.
+    pub records_processed: AtomicU64,
+    /// Whether the first assignment happened.
+    pub assigned_once: AtomicBool,
+}
+
+impl ShardSet {
+    /// A shard set storing shards under `state_dir`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        state_dir: PathBuf,
+        store: CheckpointStore,
+        runtime: tokio::runtime::Handle,
+        producer: ThreadedProducer<OutputContext>,
+        deliveries: Receiver<Delivery>,
+        topics: OutputTopics,
+        rules: Rules,
+        metrics: DedupMetrics,
+    ) -> Result<ShardSet, DedupStateError> {
+        let staging_dir = state_dir.join(".checkpoints");
+        // Local checkpoints left by a process killed during an upload are garbage.
+        let _ = std::fs::remove_dir_all(&staging_dir);
+        std::fs::create_dir_all(&staging_dir).map_err(|error| {
+            DedupStateError::State(StateError::Storage {
+                path: staging_dir.display().to_string(),
+                message: error.to_string(),
+            })
+        })?;
+        Ok(ShardSet {
+            inner: Mutex::new(Inner {
+                shards: BTreeMap::new(),
+                resend: VecDeque::new(),
+                unacknowledged: 0,
+            }),
+            state_dir,
+            staging_dir,
+            store,
+            runtime,
+            producer,
+            deliveries: Mutex::new(deliveries),
+            topics,
+            rules,
+            metrics,
+            failed: Mutex::new(None),
+            records_processed: AtomicU64::new(0),
+            assigned_once: AtomicBool::new(false),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn fail(&self, message: String) {
+        tracing::error!(%message, "shard failure; stopping");
+        if let Ok(mut failed) = self.failed.lock() {
+            failed.get_or_insert(message);
+        }
+    }
+
+    /// Why the shard set failed, if it did.
+    pub fn failure(&self) -> Option<String> {
+        self.failed.lock().ok().and_then(|failed| failed.clone())
+    }
+
+    /// The directory of partition `partition`'s shard.
+    pub fn shard_dir(&self, partition: i32) -> PathBuf {
+        self.state_dir.join(format!("shard-{partition}"))
+    }
+
+    /// Opens the shard of `partition` (reopen, restore or empty) and queues its outbox; returns
+    /// the offset to assign at.
+    fn open(&self, partition: i32) -> Result<Offset, StateError> {
+        let dir = self.shard_dir(partition);
+        let mut local_shard = None;
+        let local = if dir.join("CURRENT").exists() {
+            let shard = Shard::open(&dir, partition)?;
+            let next_offset = shard.progress().next_offset;
+            local_shard = Some(shard);
+            LocalShard::Present { next_offset }
+        } else {
+            // A directory without RocksDB's CURRENT file never committed anything.
+            let _ = std::fs::remove_dir_all(&dir);
+            LocalShard::Missing
+        };
+        let manifests = self.runtime.block_on(self.store.manifests())?;
+        let origin = match protocol::restore_plan(local, &manifests, partition) {
+            RestorePlan::ReopenLocal => "reopened".to_owned(),
+            RestorePlan::Restore { epoch, checkpoint } => {
+                let started = Instant::now();
+                if let Some(stale) = local_shard.take() {
+                    drop(stale);
+                    tracing::info!(
+                        partition,
+                        ?local,
+                        checkpoint_offset = checkpoint.next_offset,
+                        "local shard is behind the newest checkpoint; replacing it"
+                    );
+                    std::fs::remove_dir_all(&dir).map_err(|error| StateError::Storage {
+                        path: dir.display().to_string(),
+                        message: error.to_string(),
+                    })?;
+                }
+                self.runtime
+                    .block_on(self.store.download_shard(&checkpoint, &dir))?;
+                self.metrics.restores.inc();
+                tracing::info!(
+                    partition,
+                    epoch,
+                    next_offset = checkpoint.next_offset,
+                    elapsed_ms = started.elapsed().as_millis() as u64,
+                    "shard restored from the checkpoint store"
+                );
+                format!("restored epoch {epoch}")
+            }
+            RestorePlan::StartEmpty => "empty".to_owned(),
+        };
+        let shard = match local_shard {
+            Some(shard) => shard,
+            None => Shard::open(&dir, partition)?,
+        };
+        let outbox = shard.outbox()?;
+        let next_offset = protocol::resume_offset(shard.progress().next_offset);
+        tracing::info!(partition, ?next_offset, %origin, outbox = outbox.len(), "shard opened");
+        let mut inner = self.lock();
+        inner.unacknowledged += outbox.len();
+        self.metrics.outputs_resent.inc_by(outbox.len() as u64);
+        inner.resend.extend(
+            outbox
+                .into_iter()
+                .map(|(sequence, record)| (partition, sequence, record)),
+        );
+        self.metrics
+            .shard_offset
+            .with_label_values(&[&partition.to_string()])
+            .set(next_offset.unwrap_or(-1));
+        inner.shards.insert(partition, OwnedShard { shard, origin });
+        self.metrics.outbox_pending.set(inner.unacknowledged as i64);
+        Ok(next_offset.map_or(Offset::Beginning, Offset::Offset))
+    }
+
+    /// Flushes outputs, applies acknowledgements, and closes the shards of `partitions`.
+    fn close(&self, partitions: &[i32]) {
+        let _ = self.produce_resends();
+        if let Err(error) = self.producer.flush(Duration::from_secs(10)) {
+            tracing::warn!(%error, "flush before closing shards; unacknowledged outputs stay in the outbox");
+        }
+        self.apply_deliveries();
+        let mut inner = self.lock();
+        for partition in partitions {
+            if inner.shards.remove(partition).is_some() {
+                tracing::info!(partition, "shard closed");
+            }
+            inner.resend.retain(|(owner, _, _)| owner != partition);
+        }
+    }
+
+    /// Closes every shard (shutdown).
+    pub fn close_all(&self) {
+        let partitions: Vec<i32> = self.lock().shards.keys().copied().collect();
+        self.close(&partitions);
+    }
+
+    /// Applies delivery reports: acknowledged outputs leave the outbox, failed ones are re-queued.
+    pub fn apply_deliveries(&self) {
+        let reports: Vec<Delivery> = match self.deliveries.lock() {
+            Ok(receiver) => receiver.try_iter().collect(),
+            Err(_) => return,
+        };
+        if reports.is_empty() {
+            return;
+        }
+        let mut acknowledged: HashMap<i32, Vec<u64>> = HashMap::new();
+        let mut inner = self.lock();
+        for report in reports {
+            if report.ok {
+                acknowledged
+                    .entry(report.partition)
+                    .or_default()
+                    .push(report.sequence);
+                inner.unacknowledged = inner.unacknowledged.saturating_sub(1);
+            } else if let Some(owned) = inner.shards.get(&report.partition) {
+                match owned.shard.outbox_record(report.sequence) {
+                    Ok(Some(record)) => {
+                        inner
+                            .resend
+                            .push_back((report.partition, report.sequence, record));
+                        self.metrics.outputs_resent.inc();
+                    }
+                    Ok(None) => {}
+                    Err(error) => self.fail(error.to_string()),
+                }
+            }
+        }
+        for (partition, sequences) in acknowledged {
+            if let Some(owned) = inner.shards.get(&partition)
+                && let Err(error) = owned.shard.acknowledge(&sequences)
+            {
+                self.fail(error.to_string());
+            }
+        }
+        self.metrics.outbox_pending.set(inner.unacknowledged as i64);
+    }
+
+    fn send(&self, partition: i32, sequence: u64, record: &OutboxRecord) -> Result<(), KafkaError> {
+        let mut attempts = 0u32;
+        loop {
+            let base = BaseRecord::with_opaque_to(&record.topic, Box::new((partition, sequence)))
+                .key(&record.key)
+                .payload(&record.payload);
+            match self.producer.send(base) {
+                Ok(()) => return Ok(()),
+                Err((KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull), _)) => {
+                    attempts += 1;
+                    if attempts.is_multiple_of(1000) {
+                        tracing::warn!(partition, "producer queue full; waiting for the broker");
+                    }
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                Err((error, _)) => return Err(error),
+            }
+        }
+    }
+
+    fn produce_resends(&self) -> Result<(), KafkaError> {
+        loop {
+            let next = self.lock().resend.pop_front();
+            let Some((partition, sequence, record)) = next else {
+                return Ok(());
+            };
+            self.send(partition, sequence, &record)?;
+        }
+    }
+
+    /// Outputs produced and not yet acknowledged.
+    pub fn unacknowledged(&self) -> usize {
+        self.lock().unacknowledged
+    }
+
+    /// Processes one partition's records (in offset order) as one batch and produces the outputs.
+    fn process(&self, partition: i32, records: &[OwnedRecord], lateness_us: i64) -> Result<(), StateError> {
+        let started = Instant::now();
+        let mut inner = self.lock();
+        let Some(owned) = inner.shards.get_mut(&partition) else {
+            // Not ours (revoked while buffered): the new owner reads them from its stored offset.
+            return Ok(());
+        };
+        let from = owned.shard.progress().next_offset.unwrap_or(i64::MIN);
+        let inputs: Vec<InputRecord<'_>> = records
+            .iter()
+            .filter(|record| record.offset >= from)
+            .map(|record| InputRecord {
+                key: if record.key.is_empty() || record.key.contains(&0) {
+                    INVALID_KEY
+                } else {
+                    record.key.as_slice()
+                },
+                payload: &record.payload,
+                offset: record.offset,
+            })
+            .collect();
+        if inputs.is_empty() {
+            return Ok(());
+        }
+        if let Some(first) = inputs.first()
+            && from != i64::MIN
+            && first.offset != from
+        {
+            tracing::warn!(
+                partition,
+                expected = from,
+                got = first.offset,
+                "gap in the input offsets (retention or compaction)"
+            );
+        }
+        let mut processor = FlightProcessor::new(
+            self.rules,
+            self.topics.clone(),
+            partition,
+            Some(self.metrics.clone()),
+        );
+        let now_us = chrono::Utc::now().timestamp_micros();
+        let result = owned.shard.process_batch(
+            &inputs,
+            &mut processor,
+            &EngineConfig {
+                allowed_lateness_us: lateness_us,
+            },
+            now_us,
+        )?;
+        let next_offset = owned.shard.progress().next_offset.unwrap_or(-1);
+        inner.unacknowledged += result.outputs.len();
+        drop(inner);
+        self.metrics.records.inc_by(result.records as u64);
+        self.records_processed
+            .fetch_add(result.records as u64, Ordering::Relaxed);
+        self.metrics.evicted.inc_by(result.evicted as u64);
+        self.metrics.commits.inc();
+        self.metrics
+            .shard_offset
+            .with_label_values(&[&partition.to_string()])
+            .set(next_offset);
+        for (sequence, record) in &result.outputs {
+            if let Err(error) = self.send(partition, *sequence, record) {
+                // It stays in the outbox; re-sent on the next open of the shard.
+                tracing::warn!(partition, sequence, %error, "produce failed");
+            }
+        }
+        self.metrics
+            .commit_seconds
+            .observe(started.elapsed().as_secs_f64());
+        Ok(())
+    }
+
+    /// RocksDB checkpoints of every owned shard for `epoch`, in the staging directory.
+    fn checkpoint(&self, epoch: u64) -> Result<Vec<LocalCheckpoint>, StateError> {
+        let inner = self.lock();
+        let mut taken = Vec::new();
+        for (partition, owned) in &inner.shards {
+            let dir = self.staging_dir.join(format!("epoch-{epoch}-shard-{partition}"));
+            let _ = std::fs::remove_dir_all(&dir);
+            owned.shard.checkpoint(&dir)?;
+            taken.push(LocalCheckpoint {
+                partition: *partition,
+                next_offset: owned.shard.progress().next_offset.unwrap_or(0),
+                dir,
+            });
+        }
+        Ok(taken)
+    }
+
+    /// Status of every owned shard.
+    pub fn status(&self) -> Vec<ShardStatus> {
+        let inner = self.lock();
+        inner
+            .shards
+            .iter()
+            .map(|(partition, owned)| {
+                let state_bytes = owned.shard.approximate_size_bytes();
+                self.metrics
+                    .state_bytes
+                    .with_label_values(&[&partition.to_string()])
+                    .set(state_bytes as i64);
+                ShardStatus {
+                    partition: *partition,
+                    next_offset: owned.shard.progress().next_offset.unwrap_or(-1),
+                    state_bytes,
+                    origin: owned.origin.clone(),
+                }
+            })
+            .collect()
+    }
+
+    /// Runs `read` on the shard holding `key`, if any owned shard has state for it.
+    pub fn with_shards<R>(&self, read: impl FnOnce(&mut dyn Iterator<Item = &Shard>) -> R) -> R {
+        let inner = self.lock();
+        let mut shards = inner.shards.values().map(|owned| &owned.shard);
+        read(&mut shards)
+    }
+
+    /// The staging directory for local checkpoints.
+    pub fn staging_dir(&self) -> &Path {
+        &self.staging_dir
+    }
+}
+
+/// A polled record, copied out of librdkafka's buffer.
+struct OwnedRecord {
+    offset: i64,
+    key: Vec<u8>,
+    payload: Vec<u8>,
+}
+
+/// Consumer context: opens and closes shards on assignment and revocation, and assigns partitions
+/// at the offsets stored in their shards.
+pub struct GroupContext {
+    shards: Arc<ShardSet>,
+    input_topic: String,
+}
+
+impl ClientContext for GroupContext {}
+
+impl ConsumerContext for GroupContext {
+    fn rebalance(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        error: RDKafkaRespErr,
+        partitions: &mut TopicPartitionList,
+    ) {
+        let cooperative = matches!(consumer.rebalance_protocol(), RebalanceProtocol::Cooperative);
+        match error {
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
+                let mut assignment = TopicPartitionList::new();
+                for element in partitions.elements() {
+                    if element.topic() != self.input_topic {
+                        continue;
+                    }
+                    match self.shards.open(element.partition()) {
+                        Ok(offset) => {
+                            if let Err(error) =
+                                assignment.add_partition_offset(element.topic(), element.partition(), offset)
+                            {
+                                self.shards
+                                    .fail(format!("partition {}: {error}", element.partition()));
+                            }
+                        }
+                        Err(error) => self
+                            .shards
+                            .fail(format!("open shard {}: {error}", element.partition())),
+                    }
+                }
+                let result = if cooperative {
+                    consumer.incremental_assign(&assignment)
+                } else {
+                    consumer.assign(&assignment)
+                };
+                if let Err(error) = result {
+                    self.shards.fail(format!("assign: {error}"));
+                }
+                self.shards.assigned_once.store(true, Ordering::Relaxed);
+                tracing::info!(partitions = ?assignment.elements().iter().map(|e| (e.partition(), e.offset())).collect::<Vec<_>>(), "partitions assigned at their stored offsets");
+            }
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
+                let revoked: Vec<i32> = partitions
+                    .elements()
+                    .iter()
+                    .map(|element| element.partition())
+                    .collect();
+                tracing::info!(?revoked, lost = consumer.assignment_lost(), "partitions revoked");
+                self.shards.close(&revoked);
+                let result = if cooperative {
+                    consumer.incremental_unassign(partitions)
+                } else {
+                    consumer.unassign()
+                };
+                if let Err(error) = result {
+                    tracing::warn!(%error, "unassign");
+                }
+            }
+            other => {
+                tracing::error!(error = ?other, "rebalance error");
+                let _ = consumer.unassign();
+                self.shards.close_all();
+            }
+        }
+    }
+}
+
+/// How the processing thread runs.
+#[derive(Debug, Clone)]
+pub struct WorkerSettings {
+    /// Input topic.
+    pub input_topic: String,
+    /// Records per micro-batch.
+    pub max_records: usize,
+    /// Time to fill a batch.
+    pub max_wait: Duration,
+    /// Unacknowledged outputs above which consumption waits.
+    pub max_unacknowledged: usize,
+    /// Allowed lateness (the shard watermark), µs.
+    pub lateness_us: i64,
+}
+
+/// Builds the group context for a consumer.
+pub fn group_context(shards: Arc<ShardSet>, input_topic: &str) -> GroupContext {
+    GroupContext {
+        shards,
+        input_topic: input_topic.to_owned(),
+    }
+}
+
+/// The processing loop. Returns when `stop` is set (after closing every shard) or on a failure.
+pub fn run(
+    consumer: &BaseConsumer<GroupContext>,
+    shards: &ShardSet,
+    settings: &WorkerSettings,
+    commands: &Receiver<Command>,
+    stop: &AtomicBool,
+    paused: &AtomicBool,
+) -> Result<(), DedupStateError> {
+    consumer.subscribe(&[&settings.input_topic]).map_err(|error| {
+        DedupStateError::Broker(format!("subscribe to {}: {error}", settings.input_topic))
+    })?;
+    let mut is_paused = false;
+    let mut buffered: Vec<(i32, OwnedRecord)> = Vec::with_capacity(settings.max_records);
+    while !stop.load(Ordering::Relaxed) {
+        if let Some(failure) = shards.failure() {
+            return Err(DedupStateError::Worker(failure));
+        }
+        while let Ok(command) = commands.try_recv() {
+            match command {
+                Command::Checkpoint { epoch, reply } => {
+                    let _ = reply.send(shards.checkpoint(epoch).map_err(|error| error.to_string()));
+                }
+            }
+        }
+        shards.apply_deliveries();
+        shards
+            .produce_resends()
+            .map_err(|error| DedupStateError::Broker(format!("produce: {error}")))?;
+        let want_pause =
+            paused.load(Ordering::Relaxed) || shards.unacknowledged() >= settings.max_unacknowledged;
+        if want_pause != is_paused {
+            if let Ok(assignment) = consumer.assignment() {
+                let _ = if want_pause {
+                    consumer.pause(&assignment)
+                } else {
+                    consumer.resume(&assignment)
+                };
+            }
+            is_paused = want_pause;
+        }
+        if is_paused {
+            // Keep serving the group (rebalances, heartbeats) while not taking records; a partition
+            // assigned while paused is paused as well.
+            if let Some(Ok(message)) = consumer.poll(Duration::from_millis(20)) {
+                let partition = message.partition();
+                if let Ok(assignment) = consumer.assignment() {
+                    let _ = consumer.pause(&assignment);
+                }
+                let _ = consumer.seek(
+                    message.topic(),
+                    partition,
+                    Offset::Offset(message.offset()),
+                    Duration::from_secs(1),
+                );
+            }
+            continue;
+        }
+        let deadline = Instant::now() + settings.max_wait;
+        while buffered.len() < settings.max_records {
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            match consumer.poll(remaining) {
+                Some(Ok(message)) => buffered.push((
+                    message.partition(),
+                    OwnedRecord {
+                        offset: message.offset(),
+                        key: message.key().unwrap_or_default().to_vec(),
+                        payload: message.payload().unwrap_or_default().to_vec(),
+                    },
+                )),
+                Some(Err(error)) => {
+                    tracing::warn!(%error, "consumer error");
+                    break;
+                }
+                None => break,
+            }
+            if remaining.is_zero() {
+                break;
+            }
+        }
+        if buffered.is_empty() {
+            continue;
+        }
+        let mut by_partition: BTreeMap<i32, Vec<OwnedRecord>> = BTreeMap::new();
+        for (partition, record) in buffered.drain(..) {
+            by_partition.entry(partition).or_default().push(record);
+        }
+        for (partition, records) in by_partition {
+            shards.process(partition, &records, settings.lateness_us)?;
+        }
+    }
+    tracing::info!("stopping: closing shards and leaving the group");
+    shards.close_all();
+    consumer.unsubscribe();
+    Ok(())
+}

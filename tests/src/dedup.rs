@@ -1,0 +1,668 @@
+//! Helpers for dedup-state tests: real nycflights13 events on the raw topic, the stage as a real
+//! process, and an oracle that computes — independently of the stage's code — what dedup-state
+//! must output for the records on the raw topic.
+//!
+//! The oracle re-implements DESIGN §3's decisions (dedup with TTL, per-key lateness, state TTL,
+//! version = accepted count) from the contract's text, in a few lines of maps; only the fold itself
+//! (`contrail_dedup::fold`, property-tested on its own) is shared with the stage.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use contrail_dedup::fold::{apply, empty_state, order_key};
+use contrail_proto::admin::v1::StatusResponse;
+use contrail_proto::v1::{FlightState, OperationalEvent, SourcePosition};
+use prost::Message as _;
+use rdkafka::ClientConfig;
+use rdkafka::message::{Message as _, OwnedMessage};
+use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
+
+use crate::{StageProcess, free_port, http_get, unique, workspace_binary};
+
+/// Operational events of nycflights13 between two dates (inclusive), in the feed's delivery order
+/// with its duplicates, disorder and stragglers, validated exactly as ingest validates them.
+pub fn replay_events(
+    from: (u32, u32),
+    to: (u32, u32),
+    config: contrail_flightdata::ReplayConfig,
+) -> Vec<OperationalEvent> {
+    let data_dir = contrail_flightdata::default_data_dir().expect("the shipped nycflights13 data");
+    let from = chrono::NaiveDate::from_ymd_opt(2013, from.0, from.1);
+    let to = chrono::NaiveDate::from_ymd_opt(2013, to.0, to.1);
+    let data = contrail_flightdata::FlightData::load(&data_dir, from, to).expect("load flights");
+    let limits = contrail_events::Limits::default();
+    contrail_flightdata::ReplayStream::new(data, config)
+        .map(|delivery| {
+            contrail_events::validate_record(&delivery.event.to_json(), &limits, 0)
+                .expect("the feed is valid")
+        })
+        .collect()
+}
+
+/// Produces `events` to `topic` keyed by flight key and waits for every acknowledgement.
+pub fn produce_events(brokers: &str, topic: &str, events: &[OperationalEvent]) -> Result<()> {
+    let producer: ThreadedProducer<rdkafka::producer::DefaultProducerContext> = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("enable.idempotence", "true")
+        .set("linger.ms", "5")
+        .create()
+        .context("producer")?;
+    for event in events {
+        let payload = event.encode_to_vec();
+        let mut record = BaseRecord::to(topic).key(&event.flight_key).payload(&payload);
+        loop {
+            match producer.send(record) {
+                Ok(()) => break,
+                Err((
+                    rdkafka::error::KafkaError::MessageProduction(
+                        rdkafka::types::RDKafkaErrorCode::QueueFull,
+                    ),
+                    back,
+                )) => {
+                    record = back;
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err((error, _)) => bail!("produce: {error}"),
+            }
+        }
+    }
+    producer.flush(Duration::from_secs(120)).context("flush")?;
+    Ok(())
+}
+
+/// A record of the raw topic, decoded.
+#[derive(Debug, Clone)]
+pub struct RawRecord {
+    /// Where it is.
+    pub position: SourcePosition,
+    /// The event.
+    pub event: OperationalEvent,
+}
+
+/// Decodes raw-topic messages.
+pub fn raw_records(messages: &[OwnedMessage]) -> Vec<RawRecord> {
+    let mut records: Vec<RawRecord> = messages
+        .iter()
+        .map(|message| RawRecord {
+            position: SourcePosition {
+                topic: message.topic().to_owned(),
+                partition: message.partition(),
+                offset: message.offset(),
+            },
+            event: OperationalEvent::decode(message.payload().unwrap_or_default())
+                .expect("raw records are events"),
+        })
+        .collect();
+    records.sort_by_key(|record| (record.position.partition, record.position.offset));
+    records.dedup_by_key(|record| (record.position.partition, record.position.offset));
+    records
+}
+
+/// DESIGN §3's time rules for the oracle, µs.
+#[derive(Debug, Clone, Copy)]
+pub struct OracleRules {
+    /// Allowed lateness.
+    pub lateness_us: i64,
+    /// Dedup entry lifetime after its event time.
+    pub dedup_ttl_us: i64,
+    /// State lifetime after a flight's newest event.
+    pub state_ttl_us: i64,
+}
+
+impl Default for OracleRules {
+    fn default() -> Self {
+        const HOUR: i64 = 3_600_000_000;
+        OracleRules {
+            lateness_us: HOUR,
+            dedup_ttl_us: 72 * HOUR,
+            state_ttl_us: 48 * HOUR,
+        }
+    }
+}
+
+/// What dedup-state must output.
+#[derive(Debug, Default)]
+pub struct Expected {
+    /// Per flight key, the accepted events in acceptance order with their positions.
+    pub accepted: BTreeMap<String, Vec<(OperationalEvent, SourcePosition)>>,
+    /// Positions of late events.
+    pub late: BTreeSet<(i32, i64)>,
+    /// Duplicates dropped.
+    pub duplicates: usize,
+}
+
+/// Computes the expectation from the raw records (any order; they are sorted by position).
+pub fn expect(records: &[RawRecord], rules: OracleRules) -> Expected {
+    let mut expected = Expected::default();
+    let mut by_partition: BTreeMap<i32, Vec<&RawRecord>> = BTreeMap::new();
+    for record in records {
+        by_partition
+            .entry(record.position.partition)
+            .or_default()
+            .push(record);
+    }
+    for (_, mut records) in by_partition {
+        records.sort_by_key(|record| record.position.offset);
+        let mut shard_max = i64::MIN;
+        // key → (newest accepted event time, accepted so far)
+        let mut keys: HashMap<&str, (i64, usize)> = HashMap::new();
+        // (key, event id) → event time of the accepted copy
+        let mut seen: HashMap<(&str, &str), i64> = HashMap::new();
+        for record in records {
+            let event = &record.event;
+            let time = event.event_time_us;
+            shard_max = shard_max.max(time);
+            let watermark = shard_max - rules.lateness_us;
+            let key = event.flight_key.as_str();
+            if seen
+                .get(&(key, event.event_id.as_str()))
+                .is_some_and(|at| at + rules.dedup_ttl_us > watermark)
+            {
+                expected.duplicates += 1;
+                continue;
+            }
+            let alive = keys
+                .get(key)
+                .filter(|(newest, _)| newest + rules.state_ttl_us > watermark)
+                .copied();
+            let late = match alive {
+                Some((newest, _)) => time < newest - rules.lateness_us,
+                None => time < shard_max - rules.state_ttl_us,
+            };
+            if late {
+                expected
+                    .late
+                    .insert((record.position.partition, record.position.offset));
+                continue;
+            }
+            let (newest, count) = alive.unwrap_or((i64::MIN, 0));
+            keys.insert(key, (newest.max(time), count + 1));
+            if alive.is_none() {
+                expected.accepted.remove(key);
+            }
+            seen.insert((key, event.event_id.as_str()), time);
+            expected
+                .accepted
+                .entry(key.to_owned())
+                .or_default()
+                .push((event.clone(), record.position.clone()));
+        }
+    }
+    expected
+}
+
+/// The final `FlightState` of a flight's accepted events: the fold in (event_time, event_id) order.
+pub fn expected_final_state(accepted: &[(OperationalEvent, SourcePosition)]) -> FlightState {
+    let mut ordered: Vec<&OperationalEvent> = accepted.iter().map(|(event, _)| event).collect();
+    ordered.sort_by(|a, b| order_key(a).cmp(&order_key(b)));
+    let mut state = empty_state(ordered[0]);
+    for event in ordered {
+        apply(&mut state, event);
+    }
+    state.version = accepted.len() as u64;
+    state.input = accepted.last().map(|(_, position)| position.clone());
+    state
+}
+
+/// Checks dedup-state's outputs against the expectation; returns a list of violations (empty:
+/// exactly-once held). `curated`, `accepted`, `late`: every message of those topics.
+pub fn check_outputs(
+    expected: &Expected,
+    curated: &[OwnedMessage],
+    accepted: &[OwnedMessage],
+    late: &[OwnedMessage],
+) -> Vec<String> {
+    let mut problems = Vec::new();
+    // Curated: every (key, version) once or as identical copies; versions 1..N; last = fold.
+    let mut versions: BTreeMap<(String, u64), Vec<u8>> = BTreeMap::new();
+    for message in curated {
+        let payload = message.payload().unwrap_or_default().to_vec();
+        let Ok(state) = FlightState::decode(payload.as_slice()) else {
+            problems.push("undecodable FlightState on the curated topic".to_owned());
+            continue;
+        };
+        let key = (state.flight_key.clone(), state.version);
+        if let Some(existing) = versions.get(&key) {
+            if *existing != payload {
+                problems.push(format!("{} version {}: two different states", key.0, key.1));
+            }
+        } else {
+            versions.insert(key, payload);
+        }
+    }
+    let mut per_flight: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
+    for (key, version) in versions.keys() {
+        per_flight.entry(key.as_str()).or_default().push(*version);
+    }
+    for (key, events) in &expected.accepted {
+        let n = events.len() as u64;
+        let got = per_flight.remove(key.as_str()).unwrap_or_default();
+        if got != (1..=n).collect::<Vec<u64>>() {
+            problems.push(format!("{key}: versions {got:?}, expected 1..={n}"));
+            continue;
+        }
+        let last = FlightState::decode(versions[&(key.clone(), n)].as_slice()).expect("decoded above");
+        let want = expected_final_state(events);
+        if last != want {
+            problems.push(format!(
+                "{key}: final state differs\n  got  {last:?}\n  want {want:?}"
+            ));
+        }
+    }
+    for (key, got) in per_flight {
+        problems.push(format!(
+            "{key}: states {got:?} for a flight with no accepted event"
+        ));
+    }
+    // Accepted: exactly the expected event ids per flight, copies identical.
+    let mut accepted_ids: BTreeMap<(String, String), Vec<u8>> = BTreeMap::new();
+    for message in accepted {
+        let payload = message.payload().unwrap_or_default().to_vec();
+        let event = OperationalEvent::decode(payload.as_slice()).expect("accepted events decode");
+        let key = (event.flight_key.clone(), event.event_id.clone());
+        if accepted_ids
+            .get(&key)
+            .is_some_and(|existing| *existing != payload)
+        {
+            problems.push(format!("accepted {key:?}: two different copies"));
+        }
+        accepted_ids.insert(key, payload);
+    }
+    let want_ids: BTreeSet<(String, String)> = expected
+        .accepted
+        .iter()
+        .flat_map(|(key, events)| {
+            events
+                .iter()
+                .map(move |(event, _)| (key.clone(), event.event_id.clone()))
+        })
+        .collect();
+    let got_ids: BTreeSet<(String, String)> = accepted_ids.into_keys().collect();
+    let missing: Vec<_> = want_ids.difference(&got_ids).take(5).collect();
+    let extra: Vec<_> = got_ids.difference(&want_ids).take(5).collect();
+    if !missing.is_empty() || !extra.is_empty() {
+        problems.push(format!(
+            "accepted events: {} missing (e.g. {missing:?}), {} unexpected (e.g. {extra:?})",
+            want_ids.difference(&got_ids).count(),
+            got_ids.difference(&want_ids).count()
+        ));
+    }
+    // Late: exactly the expected positions.
+    let got_late: BTreeSet<(i32, i64)> = late
+        .iter()
+        .map(|message| {
+            let event =
+                OperationalEvent::decode(message.payload().unwrap_or_default()).expect("late events decode");
+            let input = event.input.unwrap_or_default();
+            (input.partition, input.offset)
+        })
+        .collect();
+    if got_late != expected.late {
+        problems.push(format!(
+            "late events: {} expected, {} on the topic, {} missing, {} unexpected",
+            expected.late.len(),
+            got_late.len(),
+            expected.late.difference(&got_late).count(),
+            got_late.difference(&expected.late).count()
+        ));
+    }
+    problems
+}
+
+/// A request with `authorization: <token>`.
+fn authorized<T>(message: T, token: &str) -> Result<tonic::Request<T>> {
+    let mut request = tonic::Request::new(message);
+    request.metadata_mut().insert("authorization", token.parse()?);
+    Ok(request)
+}
+
+/// A dedup-state process and how to reach it.
+pub struct DedupUnderTest {
+    /// The process.
+    pub process: StageProcess,
+    /// `http://127.0.0.1:PORT` (probes, metrics).
+    pub http_url: String,
+    /// `http://127.0.0.1:PORT` (admin, control).
+    pub grpc_url: String,
+    /// Its working directory: `shards/`, the log.
+    pub dir: PathBuf,
+    /// The admin token.
+    pub token: String,
+    env: Vec<(String, String)>,
+}
+
+/// Topic names of one test deployment.
+#[derive(Debug, Clone)]
+pub struct DedupTopics {
+    /// Input.
+    pub raw: String,
+    /// Outputs.
+    pub curated: String,
+    /// Accepted events.
+    pub accepted: String,
+    /// Late events.
+    pub late: String,
+    /// Alerts.
+    pub alerts: String,
+    /// Dead letters.
+    pub dlq: String,
+}
+
+impl DedupTopics {
+    /// Unique topic names.
+    pub fn unique() -> DedupTopics {
+        let prefix = unique("d");
+        DedupTopics {
+            raw: format!("{prefix}.ops.events.raw"),
+            curated: format!("{prefix}.ops.flights.curated"),
+            accepted: format!("{prefix}.ops.events.accepted"),
+            late: format!("{prefix}.ops.events.late"),
+            alerts: format!("{prefix}.ops.alerts"),
+            dlq: format!("{prefix}.ops.events.dlq"),
+        }
+    }
+}
+
+/// Settings of one dedup-state instance.
+pub struct DedupOptions<'a> {
+    /// Broker.
+    pub brokers: &'a str,
+    /// Topics.
+    pub topics: &'a DedupTopics,
+    /// Consumer group (shared by instances of one deployment).
+    pub group: &'a str,
+    /// Instance name.
+    pub instance: &'a str,
+    /// Working directory of this instance (its shards).
+    pub dir: PathBuf,
+    /// The checkpoint store shared by the deployment.
+    pub checkpoint_dir: PathBuf,
+    /// gRPC port (fixed so peers can name it); `None`: a free one.
+    pub grpc_port: Option<u16>,
+    /// Extra `CONTRAIL_*` settings.
+    pub extra_env: Vec<(String, String)>,
+}
+
+/// Starts dedup-state and waits until `/readyz` answers 200.
+pub fn start_dedup_state(options: DedupOptions<'_>) -> Result<DedupUnderTest> {
+    std::fs::create_dir_all(&options.dir)?;
+    let http_port = free_port();
+    let grpc_port = options.grpc_port.unwrap_or_else(free_port);
+    let token = "dedup-admin-token-0123456789".to_owned();
+    let topics = options.topics;
+    let mut env: Vec<(String, String)> = [
+        ("CONTRAIL_KAFKA__BROKERS", options.brokers.to_owned()),
+        ("CONTRAIL_LISTEN__HTTP", format!("127.0.0.1:{http_port}")),
+        ("CONTRAIL_LISTEN__GRPC", format!("127.0.0.1:{grpc_port}")),
+        ("CONTRAIL_INSTANCE", options.instance.to_owned()),
+        ("CONTRAIL_TOPICS__RAW", topics.raw.clone()),
+        ("CONTRAIL_TOPICS__CURATED", topics.curated.clone()),
+        ("CONTRAIL_TOPICS__ACCEPTED", topics.accepted.clone()),
+        ("CONTRAIL_TOPICS__LATE", topics.late.clone()),
+        ("CONTRAIL_TOPICS__ALERTS", topics.alerts.clone()),
+        ("CONTRAIL_TOPICS__DLQ", topics.dlq.clone()),
+        ("CONTRAIL_TOPICS__PARTITIONS", "4".to_owned()),
+        ("CONTRAIL_GROUP__ID", options.group.to_owned()),
+        ("CONTRAIL_GROUP__SESSION_TIMEOUT_MS", "6000".to_owned()),
+        (
+            "CONTRAIL_STATE_DIR",
+            options.dir.join("shards").display().to_string(),
+        ),
+        (
+            "CONTRAIL_CHECKPOINT_URL",
+            options.checkpoint_dir.display().to_string(),
+        ),
+        ("CONTRAIL_AUTH__TOKENS", format!("[\"{token}\"]")),
+        ("RUST_LOG", "info".to_owned()),
+    ]
+    .into_iter()
+    .map(|(key, value)| (key.to_owned(), value))
+    .collect();
+    env.extend(options.extra_env);
+    let binary = workspace_binary("dedup-state")?;
+    let process = StageProcess::spawn(&binary, &env, &options.dir.join("dedup-state.log"))?;
+    let mut stage = DedupUnderTest {
+        process,
+        http_url: format!("http://127.0.0.1:{http_port}"),
+        grpc_url: format!("http://127.0.0.1:{grpc_port}"),
+        dir: options.dir,
+        token,
+        env,
+    };
+    stage.wait_ready(Duration::from_secs(30))?;
+    Ok(stage)
+}
+
+impl DedupUnderTest {
+    /// Waits until `/readyz` answers 200.
+    pub fn wait_ready(&mut self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        let url = format!("{}/readyz", self.http_url);
+        while Instant::now() < deadline {
+            if !self.process.is_running() {
+                bail!("dedup-state exited during start:\n{}", self.process.log());
+            }
+            if http_get(&url).is_ok_and(|response| response.starts_with("HTTP/1.1 200")) {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        bail!("dedup-state not ready after {timeout:?}:\n{}", self.process.log())
+    }
+
+    /// Starts the same deployment again (same ports, directories, topics).
+    pub fn restart(&mut self) -> Result<()> {
+        let binary = workspace_binary("dedup-state")?;
+        self.process = StageProcess::spawn(&binary, &self.env, &self.dir.join("dedup-state.log"))?;
+        self.wait_ready(Duration::from_secs(30))
+    }
+
+    /// `kill -9`, then [`DedupUnderTest::restart`].
+    pub fn restart_after_kill9(&mut self) -> Result<()> {
+        self.process.kill9();
+        self.restart()
+    }
+
+    /// Calls the admin API with the instance's token.
+    pub fn admin<T, F, Fut>(&self, call: F) -> Result<T>
+    where
+        F: FnOnce(
+            contrail_proto::admin::v1::admin_service_client::AdminServiceClient<tonic::transport::Channel>,
+            String,
+        ) -> Fut,
+        Fut: std::future::Future<Output = Result<T>>,
+    {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        runtime.block_on(async {
+            let client = contrail_proto::admin::v1::admin_service_client::AdminServiceClient::connect(
+                self.grpc_url.clone(),
+            )
+            .await?;
+            call(client, format!("Bearer {}", self.token)).await
+        })
+    }
+
+    /// The admin API's status.
+    pub fn status(&self) -> Result<StatusResponse> {
+        self.admin(|mut client, token| async move {
+            Ok(client
+                .status(authorized(contrail_proto::admin::v1::StatusRequest {}, &token)?)
+                .await?
+                .into_inner())
+        })
+    }
+
+    /// Asks the coordinator for a checkpoint now; returns the completed epoch.
+    pub fn trigger_checkpoint(&self) -> Result<u64> {
+        self.admin(|mut client, token| async move {
+            let request = authorized(contrail_proto::admin::v1::TriggerCheckpointRequest {}, &token)?;
+            Ok(client.trigger_checkpoint(request).await?.into_inner().epoch)
+        })
+    }
+
+    /// One flight's state through the admin API.
+    pub fn read_key_state(&self, key: &str) -> Result<contrail_proto::admin::v1::ReadKeyStateResponse> {
+        let key = key.to_owned();
+        self.admin(|mut client, token| async move {
+            let request = authorized(contrail_proto::admin::v1::ReadKeyStateRequest { key }, &token)?;
+            Ok(client.read_key_state(request).await?.into_inner())
+        })
+    }
+
+    /// Waits until the instance owns `partitions` shards, has no lag and no unacknowledged output.
+    pub fn wait_caught_up(&mut self, partitions: usize, timeout: Duration) -> Result<StatusResponse> {
+        let deadline = Instant::now() + timeout;
+        let mut last = None;
+        while Instant::now() < deadline {
+            if !self.process.is_running() {
+                bail!("dedup-state exited:\n{}", self.process.log());
+            }
+            if let Ok(status) = self.status() {
+                let done = status.partitions.len() == partitions
+                    && status
+                        .partitions
+                        .iter()
+                        .all(|partition| partition.lag == 0 && partition.high_watermark > 0)
+                    && status.in_flight == 0;
+                if done {
+                    return Ok(status);
+                }
+                last = Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        bail!(
+            "not caught up after {timeout:?}: {last:?}\n{}",
+            self.process.log()
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use contrail_proto::v1::{EventType, FlightRef};
+    use rdkafka::Timestamp;
+
+    const MINUTE: i64 = 60_000_000;
+
+    fn event(id: &str, event_type: EventType, minute: i64) -> OperationalEvent {
+        OperationalEvent {
+            event_id: id.to_owned(),
+            source: "test".to_owned(),
+            r#type: event_type as i32,
+            event_time_us: 1_357_000_000_000_000 + minute * MINUTE,
+            flight: Some(FlightRef {
+                carrier: "UA".to_owned(),
+                number: 1545,
+                origin: "EWR".to_owned(),
+                service_date: "2013-01-01".to_owned(),
+            }),
+            flight_key: "UA1545-2013-01-01-EWR".to_owned(),
+            ..Default::default()
+        }
+    }
+
+    fn raw(offset: i64, event: OperationalEvent) -> RawRecord {
+        RawRecord {
+            position: SourcePosition {
+                topic: "raw".to_owned(),
+                partition: 0,
+                offset,
+            },
+            event,
+        }
+    }
+
+    fn message(payload: Vec<u8>) -> OwnedMessage {
+        OwnedMessage::new(
+            Some(payload),
+            None,
+            "out".to_owned(),
+            Timestamp::NotAvailable,
+            0,
+            0,
+            None,
+        )
+    }
+
+    /// Outputs exactly as a correct dedup-state would write them.
+    fn correct(
+        expected: &Expected,
+    ) -> (
+        Vec<OwnedMessage>,
+        Vec<OwnedMessage>,
+        Vec<OwnedMessage>,
+        Vec<RawRecord>,
+    ) {
+        let events = &expected.accepted["UA1545-2013-01-01-EWR"];
+        let curated = (1..=events.len())
+            .map(|n| message(expected_final_state(&events[..n]).encode_to_vec()))
+            .collect();
+        let accepted = events
+            .iter()
+            .map(|(event, position)| {
+                let mut event = event.clone();
+                event.input = Some(position.clone());
+                message(event.encode_to_vec())
+            })
+            .collect();
+        (curated, accepted, Vec::new(), Vec::new())
+    }
+
+    /// The oracle is only worth something if it fails on wrong outputs.
+    #[test]
+    fn the_oracle_accepts_correct_outputs_and_names_every_kind_of_violation() {
+        let records = vec![
+            raw(0, event("e1", EventType::Scheduled, 0)),
+            raw(1, event("e3", EventType::Out, 30)),
+            raw(2, event("e1", EventType::Scheduled, 0)), // duplicate
+            raw(3, event("e2", EventType::GateAssigned, 10)), // out of order, within lateness
+            raw(4, event("e4", EventType::Off, 200)),
+            raw(5, event("e0", EventType::Estimated, 5)), // late: 195 min behind the newest
+        ];
+        let expected = expect(&records, OracleRules::default());
+        assert_eq!(expected.duplicates, 1);
+        assert_eq!(expected.late, [(0, 5)].into());
+        assert_eq!(expected.accepted["UA1545-2013-01-01-EWR"].len(), 4);
+
+        let late_message = {
+            let mut late = records[5].event.clone();
+            late.input = Some(records[5].position.clone());
+            message(late.encode_to_vec())
+        };
+        let (curated, accepted, _, _) = correct(&expected);
+        let late = vec![late_message.clone()];
+        assert_eq!(
+            check_outputs(&expected, &curated, &accepted, &late),
+            Vec::<String>::new()
+        );
+        // Redelivered identical copies are fine.
+        let doubled: Vec<OwnedMessage> = curated.iter().chain(curated.iter()).cloned().collect();
+        assert!(check_outputs(&expected, &doubled, &accepted, &late).is_empty());
+
+        let missing_version: Vec<OwnedMessage> = curated
+            .iter()
+            .enumerate()
+            .filter(|(n, _)| *n != 1)
+            .map(|(_, m)| m.clone())
+            .collect();
+        assert!(
+            check_outputs(&expected, &missing_version, &accepted, &late)[0].contains("versions [1, 3, 4]")
+        );
+        let mut different = FlightState::decode(curated[3].payload().unwrap_or_default()).expect("state");
+        different.gate = Some("X1".to_owned());
+        let mut conflicting = curated.clone();
+        conflicting.push(message(different.encode_to_vec()));
+        assert!(check_outputs(&expected, &conflicting, &accepted, &late)[0].contains("two different states"));
+        let mut wrong_final = curated.clone();
+        wrong_final[3] = message(different.encode_to_vec());
+        assert!(check_outputs(&expected, &wrong_final, &accepted, &late)[0].contains("final state differs"));
+        assert!(check_outputs(&expected, &curated, &accepted[1..], &late)[0].contains("1 missing"));
+        assert!(check_outputs(&expected, &curated, &accepted, &[])[0].contains("1 missing"));
+    }
+}

@@ -1,0 +1,377 @@
+//! dedup-state as a real process against the real broker: `kill -9` at random moments (also during
+//! checkpoint uploads), restore of a lost shard directory from the checkpoint store, and rescale
+//! (an instance leaves, the other takes its shards). Every test checks the outputs against the
+//! oracle of `contrail_integration_tests::dedup`, computed from the raw topic's records.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use contrail_flightdata::ReplayConfig;
+use contrail_integration_tests::dedup::{
+    DedupOptions, DedupTopics, DedupUnderTest, OracleRules, check_outputs, expect, produce_events,
+    raw_records, replay_events, start_dedup_state,
+};
+use contrail_integration_tests::{create_topics, read_topic, shared_broker, unique};
+use rdkafka::message::OwnedMessage;
+
+fn feed_config(seed: u64) -> ReplayConfig {
+    ReplayConfig {
+        seed,
+        duplicate_rate: 0.15,
+        max_disorder: chrono::Duration::minutes(10),
+        straggler_rate: 0.01,
+        straggler_delay: chrono::Duration::hours(3),
+    }
+}
+
+fn read_all(brokers: &str, topic: &str, at_least: usize) -> Vec<OwnedMessage> {
+    read_topic(brokers, topic, at_least, Duration::from_secs(120)).expect("read topic")
+}
+
+/// Reads the raw topic and the outputs and checks them against the oracle; panics with the
+/// violations. Returns (raw records, accepted events, duplicates, late events).
+fn verify(brokers: &str, topics: &DedupTopics, raw_count: usize) -> (usize, usize, usize, usize) {
+    let raw = raw_records(&read_all(brokers, &topics.raw, raw_count));
+    assert_eq!(raw.len(), raw_count, "every produced event is on the raw topic");
+    let expected = expect(&raw, OracleRules::default());
+    let accepted_count: usize = expected.accepted.values().map(Vec::len).sum();
+    let curated = read_all(brokers, &topics.curated, accepted_count);
+    let accepted = read_all(brokers, &topics.accepted, accepted_count);
+    let late = read_all(brokers, &topics.late, expected.late.len());
+    let problems = check_outputs(&expected, &curated, &accepted, &late);
+    assert!(
+        problems.is_empty(),
+        "{} violations of exactly-once (first 10):\n{}",
+        problems.len(),
+        problems.iter().take(10).cloned().collect::<Vec<_>>().join("\n")
+    );
+    (
+        raw.len(),
+        accepted_count,
+        expected.duplicates,
+        expected.late.len(),
+    )
+}
+
+/// Epoch directories in the checkpoint store, and whether each has its manifest.
+fn epochs(checkpoints: &Path) -> std::collections::BTreeMap<String, bool> {
+    let Ok(entries) = std::fs::read_dir(checkpoints) else {
+        return Default::default();
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter(|entry| entry.file_name().to_string_lossy().starts_with("epoch-"))
+        .map(|entry| {
+            (
+                entry.file_name().to_string_lossy().into_owned(),
+                entry.path().join("MANIFEST.json").exists(),
+            )
+        })
+        .collect()
+}
+
+/// An epoch started since `known` was taken whose manifest is not written: an upload in progress.
+fn upload_in_progress(
+    checkpoints: &Path,
+    known: &std::collections::BTreeMap<String, bool>,
+) -> Option<String> {
+    epochs(checkpoints)
+        .into_iter()
+        .find(|(epoch, complete)| !complete && !known.contains_key(epoch))
+        .map(|(epoch, _)| epoch)
+}
+
+/// A small deterministic generator for kill moments (the seed is printed for reproduction).
+struct Moments(u64);
+
+impl Moments {
+    fn next_ms(&mut self, low: u64, high: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        low + self.0 % (high - low)
+    }
+}
+
+fn test_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(unique(name));
+    std::fs::create_dir_all(&dir).expect("test dir");
+    dir
+}
+
+#[test]
+fn kill_9_at_random_moments_loses_nothing_and_doubles_nothing() {
+    let broker = shared_broker();
+    let topics = DedupTopics::unique();
+    create_topics(&broker.address, &[&topics.raw], 4).expect("raw topic");
+    // January 2013: ≈ 27,000 flights → > 200,000 events with 15 % redeliveries, 10 min disorder
+    // and 1 % stragglers three hours late.
+    let events = replay_events((1, 1), (1, 31), feed_config(7));
+    assert!(
+        events.len() >= 200_000,
+        "a stream of at least 200,000 events, got {}",
+        events.len()
+    );
+    let dir = test_dir("dedup-crash");
+    let checkpoints = dir.join("checkpoints");
+    let mut stage = start_dedup_state(DedupOptions {
+        brokers: &broker.address,
+        topics: &topics,
+        group: &unique("g"),
+        instance: "dedup-state-0",
+        dir: dir.join("instance-0"),
+        checkpoint_dir: checkpoints.clone(),
+        grpc_port: None,
+        extra_env: vec![
+            ("CONTRAIL_CHECKPOINT__INTERVAL_MS".into(), "700".into()),
+            ("CONTRAIL_GROUP__STATIC_MEMBERSHIP".into(), "true".into()),
+        ],
+    })
+    .expect("dedup-state starts");
+
+    // The stream arrives while the stage is being killed: a producer thread feeds it in slices.
+    let producer_brokers = broker.address.clone();
+    let raw_topic = topics.raw.clone();
+    let total = events.len();
+    let producer = std::thread::spawn(move || {
+        for slice in events.chunks(10_000) {
+            produce_events(&producer_brokers, &raw_topic, slice).expect("produce");
+            std::thread::sleep(Duration::from_millis(400));
+        }
+    });
+
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|elapsed| elapsed.as_nanos() as u64 | 1)
+        .unwrap_or(0x2013);
+    println!("kill moments seed: {seed:#x}");
+    let mut moments = Moments(seed);
+    let mut kills = 0;
+    let mut kills_during_upload = 0;
+    let started = Instant::now();
+    while kills < 12 {
+        // Epochs present now: anything newer was started by the running process.
+        let known = epochs(&checkpoints);
+        if kills % 3 == 2 {
+            // Wait for an upload in progress, then kill right then.
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while Instant::now() < deadline && upload_in_progress(&checkpoints, &known).is_none() {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        } else {
+            std::thread::sleep(Duration::from_millis(moments.next_ms(300, 2_500)));
+        }
+        let uploading = upload_in_progress(&checkpoints, &known);
+        stage.process.kill9();
+        kills += 1;
+        // Still without a manifest after the kill: the kill interrupted that epoch.
+        let interrupted = uploading.filter(|epoch| epochs(&checkpoints).get(epoch) == Some(&false));
+        if interrupted.is_some() {
+            kills_during_upload += 1;
+        }
+        println!(
+            "kill {kills} at {:?} (interrupted upload: {interrupted:?})",
+            started.elapsed()
+        );
+        stage.restart().expect("restart after kill -9");
+    }
+    producer.join().expect("producer thread");
+    let status = stage
+        .wait_caught_up(4, Duration::from_secs(300))
+        .expect("caught up");
+    println!("final status: {:?}", status.counters);
+    assert!(kills >= 10);
+    assert!(
+        kills_during_upload >= 1,
+        "at least one kill interrupted a checkpoint upload"
+    );
+
+    let (raw, accepted, duplicates, late) = verify(&broker.address, &topics, total);
+    println!(
+        "{raw} events, {accepted} accepted, {duplicates} duplicates, {late} late; {kills} kills ({kills_during_upload} during uploads)"
+    );
+    assert!(
+        duplicates * 10 >= raw,
+        "≥ 10 % of the stream are duplicates ({duplicates} of {raw})"
+    );
+    assert!(late > 0, "the stream has late events");
+    let exit = stage
+        .process
+        .terminate(Duration::from_secs(30))
+        .expect("graceful stop");
+    assert!(exit.success(), "SIGTERM drains and exits 0: {exit:?}");
+    // Garbage collection: at most the `keep` (2) newest complete epochs remain, and no epoch
+    // older than them — in particular none of the epochs the kills interrupted.
+    let store = epochs(&checkpoints);
+    let complete: Vec<&String> = store
+        .iter()
+        .filter(|(_, complete)| **complete)
+        .map(|(epoch, _)| epoch)
+        .collect();
+    assert!(
+        !complete.is_empty() && complete.len() <= 2,
+        "complete epochs kept: {complete:?}"
+    );
+    assert!(
+        store.keys().all(|epoch| epoch >= complete[0]),
+        "nothing older than the kept epochs: {store:?}"
+    );
+}
+
+fn half_and_half(events: &[contrail_proto::v1::OperationalEvent]) -> (usize, usize) {
+    (events.len() / 2, events.len())
+}
+
+#[test]
+fn a_lost_shard_directory_is_restored_from_the_checkpoint_store() {
+    let broker = shared_broker();
+    let topics = DedupTopics::unique();
+    create_topics(&broker.address, &[&topics.raw], 4).expect("raw topic");
+    let events = replay_events((3, 1), (3, 3), feed_config(11));
+    let (half, total) = half_and_half(&events);
+    let dir = test_dir("dedup-restore");
+    let group = unique("g");
+    let options = |dir: &Path| DedupOptions {
+        brokers: &broker.address,
+        topics: &topics,
+        group: &group,
+        instance: "dedup-state-0",
+        dir: dir.join("instance-0"),
+        checkpoint_dir: dir.join("checkpoints"),
+        grpc_port: None,
+        extra_env: vec![("CONTRAIL_CHECKPOINT__INTERVAL_MS".into(), "0".into())],
+    };
+    let mut stage = start_dedup_state(options(&dir)).expect("start");
+    produce_events(&broker.address, &topics.raw, &events[..half]).expect("first half");
+    stage
+        .wait_caught_up(4, Duration::from_secs(120))
+        .expect("first half processed");
+    let epoch = stage.trigger_checkpoint().expect("checkpoint");
+    assert!(epoch >= 1);
+    produce_events(&broker.address, &topics.raw, &events[half..]).expect("second half");
+    stage
+        .wait_caught_up(4, Duration::from_secs(120))
+        .expect("second half processed");
+    let exit = stage.process.terminate(Duration::from_secs(30)).expect("SIGTERM");
+    assert!(
+        exit.success(),
+        "graceful shutdown exits 0: {exit:?}\n{}",
+        stage.process.log()
+    );
+
+    // A new pod: the volume with the shards is gone.
+    std::fs::remove_dir_all(stage.dir.join("shards")).expect("delete the shards");
+    stage.restart().expect("restart on an empty volume");
+    let status = stage
+        .wait_caught_up(4, Duration::from_secs(120))
+        .expect("caught up after restore");
+    assert_eq!(
+        status.counters.get("restores_total"),
+        Some(&4.0),
+        "all four shards restored: {:?}",
+        status.counters
+    );
+    // The checkpoint's offsets are inside the stream: the second half was reprocessed.
+    assert!(
+        status.counters.get("records_total").copied().unwrap_or(0.0) >= (total - half) as f64 * 0.9,
+        "input after the checkpoint was reprocessed: {:?}",
+        status.counters
+    );
+    let (_, accepted, _, _) = verify(&broker.address, &topics, total);
+    assert!(accepted > 0);
+
+    // The state reader: a flight of the last day (older ones expired by the 48 h state TTL).
+    let key = &events.last().expect("events").flight_key;
+    let state = stage.read_key_state(key).expect("read key state");
+    assert!(state.found, "{key} has state");
+    let document: serde_json::Value = serde_json::from_str(&state.state_json).expect("state json");
+    assert_eq!(document["flightKey"], key.as_str());
+    assert!(!state.dedup_event_ids.is_empty(), "dedup entries are readable");
+    assert!(
+        state.timers.iter().any(|timer| timer.kind.starts_with("__ttl")),
+        "the state TTL timer: {:?}",
+        state.timers
+    );
+    stage.process.terminate(Duration::from_secs(30)).expect("stop");
+}
+
+#[test]
+fn when_an_instance_leaves_the_other_takes_its_shards() {
+    let broker = shared_broker();
+    let topics = DedupTopics::unique();
+    create_topics(&broker.address, &[&topics.raw], 4).expect("raw topic");
+    let events = replay_events((5, 1), (5, 3), feed_config(13));
+    let (half, total) = half_and_half(&events);
+    let dir = test_dir("dedup-rescale");
+    let group = unique("g");
+    let port_a = contrail_integration_tests::free_port();
+    let port_b = contrail_integration_tests::free_port();
+    let peers = format!("[\"http://127.0.0.1:{port_a}\",\"http://127.0.0.1:{port_b}\"]");
+    let mut a = start_dedup_state(DedupOptions {
+        brokers: &broker.address,
+        topics: &topics,
+        group: &group,
+        instance: "dedup-state-0",
+        dir: dir.join("a"),
+        checkpoint_dir: dir.join("checkpoints"),
+        grpc_port: Some(port_a),
+        extra_env: vec![
+            ("CONTRAIL_CHECKPOINT__INTERVAL_MS".into(), "0".into()),
+            ("CONTRAIL_CHECKPOINT__PEERS".into(), peers),
+        ],
+    })
+    .expect("instance a");
+    let mut b = start_dedup_state(DedupOptions {
+        brokers: &broker.address,
+        topics: &topics,
+        group: &group,
+        instance: "dedup-state-1",
+        dir: dir.join("b"),
+        checkpoint_dir: dir.join("checkpoints"),
+        grpc_port: Some(port_b),
+        extra_env: vec![("CONTRAIL_CHECKPOINT__COORDINATOR".into(), "false".into())],
+    })
+    .expect("instance b");
+    produce_events(&broker.address, &topics.raw, &events[..half]).expect("first half");
+
+    // Both own shards once the group settled.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let (owned_a, owned_b) = loop {
+        let owned_a = a.status().map(|status| status.partitions.len()).unwrap_or(0);
+        let owned_b = b.status().map(|status| status.partitions.len()).unwrap_or(0);
+        if (owned_a > 0 && owned_b > 0 && owned_a + owned_b == 4) || Instant::now() > deadline {
+            break (owned_a, owned_b);
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(
+        owned_a > 0 && owned_b > 0,
+        "both instances own shards: a {owned_a}, b {owned_b}"
+    );
+    wait_both_caught_up(&mut a, owned_a, &mut b, owned_b);
+    a.trigger_checkpoint()
+        .expect("a checkpoint covering both instances' shards");
+
+    // b leaves (scale-in); a takes over b's shards from the checkpoint store.
+    let exit = b.process.terminate(Duration::from_secs(30)).expect("b stops");
+    assert!(exit.success(), "b drains and exits 0: {exit:?}");
+    produce_events(&broker.address, &topics.raw, &events[half..]).expect("second half");
+    let status = a
+        .wait_caught_up(4, Duration::from_secs(120))
+        .expect("a owns all four shards");
+    assert_eq!(
+        status.counters.get("restores_total"),
+        Some(&(owned_b as f64)),
+        "a restored b's shards from the checkpoint: {:?}",
+        status.counters
+    );
+    verify(&broker.address, &topics, total);
+    a.process.terminate(Duration::from_secs(30)).expect("stop");
+}
+
+fn wait_both_caught_up(a: &mut DedupUnderTest, owned_a: usize, b: &mut DedupUnderTest, owned_b: usize) {
+    a.wait_caught_up(owned_a, Duration::from_secs(120))
+        .expect("a caught up");
+    b.wait_caught_up(owned_b, Duration::from_secs(120))
+        .expect("b caught up");
+}
