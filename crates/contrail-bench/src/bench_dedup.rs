@@ -9,7 +9,8 @@
 //!   volume (restart → every shard restored from the checkpoint store, then caught up);
 //! - latency at a fixed offered load: raw record append → `FlightState` produced, p50/p99.
 //!
-//! Run: `cargo build --release -p contrail-bench -p contrail-dedup-state && $CARGO_TARGET_DIR/release/bench-dedup`
+//! Run (the dev profile optimises dependencies and the hot crates; see Cargo.toml):
+//! `cargo build --workspace --all-targets && $CARGO_TARGET_DIR/debug/bench-dedup`
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -27,6 +28,8 @@ use contrail_integration_tests::{Broker, create_topics, read_topic};
 use contrail_proto::v1::FlightState;
 use prost::Message as _;
 use rdkafka::Message as _;
+use rdkafka::config::ClientConfig;
+use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 
 /// dedup-state benchmark (see the crate docs).
 #[derive(Parser)]
@@ -104,6 +107,9 @@ fn main() -> Result<()> {
         grpc_port: None,
         extra_env: vec![
             ("CONTRAIL_CHECKPOINT__INTERVAL_MS".into(), "0".into()),
+            // The production setting: a restarted instance rejoins under the same member id and
+            // gets its partitions back without waiting for the session timeout.
+            ("CONTRAIL_GROUP__STATIC_MEMBERSHIP".into(), "true".into()),
             ("RUST_LOG".into(), "warn".into()),
         ],
     })?;
@@ -172,13 +178,26 @@ fn main() -> Result<()> {
     let per_slice = (args.rate / 10).max(1) as usize;
     let live_start_ms = chrono::Utc::now().timestamp_millis();
     let started = Instant::now();
+    // One producer for the whole phase (a producer per slice would cost a connection each).
+    let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
+        .set("bootstrap.servers", &broker.address)
+        .set("enable.idempotence", "true")
+        .set("linger.ms", "5")
+        .create()?;
     for (index, slice) in live.chunks(per_slice).enumerate() {
-        produce_events(&broker.address, &topics.raw, slice)?;
+        for event in slice {
+            let payload = event.encode_to_vec();
+            let record = BaseRecord::to(&topics.raw)
+                .key(&event.flight_key)
+                .payload(&payload);
+            producer.send(record).map_err(|(error, _)| error)?;
+        }
         let due = Duration::from_millis(100 * (index as u64 + 1));
         if let Some(wait) = due.checked_sub(started.elapsed()) {
             std::thread::sleep(wait);
         }
     }
+    producer.flush(Duration::from_secs(60))?;
     let offered = live.len() as f64 / started.elapsed().as_secs_f64();
     stage.wait_caught_up(4, Duration::from_secs(300))?;
     let raw = read_topic(

@@ -434,6 +434,13 @@ impl ShardSet {
             now_us,
         )?;
         let next_offset = owned.shard.progress().next_offset.unwrap_or(-1);
+        if next_offset % 64 == 0 || result.records >= 64 {
+            let bytes = owned.shard.approximate_size_bytes();
+            self.metrics
+                .state_bytes
+                .with_label_values(&[&partition.to_string()])
+                .set(bytes as i64);
+        }
         inner.unacknowledged += result.outputs.len();
         drop(inner);
         self.metrics.records.inc_by(result.records as u64);

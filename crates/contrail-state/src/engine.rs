@@ -75,6 +75,8 @@ struct Pending {
     outbox: Vec<OutboxRecord>,
     progress: ShardProgress,
     lateness_us: i64,
+    /// Per time domain, the last committed timer the due-timer scan has passed.
+    cursors: [Option<Timer>; 2],
 }
 
 impl Pending {
@@ -87,6 +89,7 @@ impl Pending {
             outbox: Vec::new(),
             progress,
             lateness_us,
+            cursors: [None, None],
         }
     }
 
@@ -474,20 +477,45 @@ impl Shard {
     }
 
     /// The earliest due timer of `domain` (committed or added in this batch, not removed).
-    fn next_due(&self, pending: &Pending, domain: TimeDomain, limit_us: i64) -> Option<Timer> {
-        let committed = self
-            .timers()
-            .iter()
-            .take_while(|timer| timer.fire_at_us <= limit_us)
-            .find(|timer| timer.domain == domain && !pending.timers_removed.contains(*timer));
+    ///
+    /// Committed timers are scanned from a per-domain cursor: the committed set does not change
+    /// during a batch, and every committed timer before the cursor was fired or deleted in this
+    /// batch (one re-registered since is in `timers_added`). Without the cursor each call would
+    /// rescan every timer fired so far in the batch — quadratic in the timers per batch.
+    fn next_due(&self, pending: &mut Pending, domain: TimeDomain, limit_us: i64) -> Option<Timer> {
+        use std::ops::Bound::{Excluded, Unbounded};
+        let slot = domain as usize;
+        let range = match &pending.cursors[slot] {
+            Some(cursor) => self.timers().range((Excluded(cursor.clone()), Unbounded)),
+            None => self.timers().range::<Timer, _>(..),
+        };
+        let mut committed = None;
+        let mut skipped = None;
+        for timer in range {
+            if timer.fire_at_us > limit_us {
+                break;
+            }
+            if timer.domain == domain && !pending.timers_removed.contains(timer) {
+                committed = Some(timer);
+                break;
+            }
+            skipped = Some(timer);
+        }
+        if let Some(skipped) = skipped {
+            pending.cursors[slot] = Some(skipped.clone());
+        }
         let added = pending
             .timers_added
             .iter()
             .take_while(|timer| timer.fire_at_us <= limit_us)
             .find(|timer| timer.domain == domain);
         match (committed, added) {
-            (Some(a), Some(b)) => Some(a.min(b).clone()),
-            (a, b) => a.or(b).cloned(),
+            (Some(committed), Some(added)) if added < committed => Some(added.clone()),
+            (Some(committed), _) => {
+                pending.cursors[slot] = Some(committed.clone());
+                Some(committed.clone())
+            }
+            (None, added) => added.cloned(),
         }
     }
 

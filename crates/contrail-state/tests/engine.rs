@@ -74,7 +74,13 @@ fn records(inputs: &[(&str, String)]) -> Vec<(Vec<u8>, Vec<u8>)> {
         .collect()
 }
 
-fn run(shard: &mut Shard, inputs: &[(Vec<u8>, Vec<u8>)], first_offset: i64) -> Vec<(String, String, String)> {
+/// Runs `inputs` (offsets from `first_offset`) through `processor` as one batch.
+fn run_with<P: StatefulProcessor>(
+    shard: &mut Shard,
+    inputs: &[(Vec<u8>, Vec<u8>)],
+    first_offset: i64,
+    processor: &mut P,
+) -> contrail_state::BatchResult {
     let batch: Vec<InputRecord<'_>> = inputs
         .iter()
         .enumerate()
@@ -84,10 +90,11 @@ fn run(shard: &mut Shard, inputs: &[(Vec<u8>, Vec<u8>)], first_offset: i64) -> V
             offset: first_offset + n as i64,
         })
         .collect();
-    let result = shard
-        .process_batch(&batch, &mut Summer, &CONFIG, 0)
-        .expect("batch");
-    result
+    shard.process_batch(&batch, processor, &CONFIG, 0).expect("batch")
+}
+
+fn run(shard: &mut Shard, inputs: &[(Vec<u8>, Vec<u8>)], first_offset: i64) -> Vec<(String, String, String)> {
+    run_with(shard, inputs, first_offset, &mut Summer)
         .outputs
         .into_iter()
         .map(|(_, record)| {
@@ -302,4 +309,81 @@ async fn a_checkpoint_restores_a_lost_shard_with_its_offset() {
     store.delete_epoch(1).await.expect("delete");
     assert!(store.epochs().await.expect("epochs").is_empty());
     assert!(store.manifests().await.expect("manifests").is_empty());
+}
+
+/// List and map state with per-entry TTLs: a processor that appends each value to a list (TTL 20
+/// min) and keeps the latest value per parity in a map (TTL 40 min).
+struct Collector;
+
+impl StatefulProcessor for Collector {
+    fn handle_record(
+        &mut self,
+        context: &mut KeyContext<'_>,
+        record: &InputRecord<'_>,
+    ) -> Result<(), StateError> {
+        let (event_time, value) = parse(record.payload);
+        context.observe_event_time(event_time);
+        let item = Sum {
+            total: value,
+            count: 1,
+        };
+        context.list_append("values", &item, Some(event_time + 20 * MINUTE))?;
+        let parity: &[u8] = if value % 2 == 0 { b"even" } else { b"odd" };
+        context.map_put("latest", parity, &item, Some(event_time + 40 * MINUTE));
+        Ok(())
+    }
+
+    fn handle_timer(&mut self, _: &mut KeyContext<'_>, _: &Timer) -> Result<(), StateError> {
+        Ok(())
+    }
+}
+
+fn collect(shard: &mut Shard, inputs: &[(&str, String)], first_offset: i64) {
+    run_with(shard, &records(inputs), first_offset, &mut Collector);
+}
+
+fn list_and_map(shard: &Shard, key: &str) -> (Vec<i64>, Vec<(String, i64)>) {
+    contrail_state::inspect(shard, key.as_bytes(), CONFIG.allowed_lateness_us, |context| {
+        let list: Vec<Sum> = context.list("values").expect("list");
+        let map: Vec<(Vec<u8>, Sum)> = context.map_entries("latest").expect("map");
+        (
+            list.iter().map(|item| item.total).collect(),
+            map.into_iter()
+                .map(|(key, item)| (String::from_utf8(key).expect("utf8"), item.total))
+                .collect(),
+        )
+    })
+}
+
+#[test]
+fn list_and_map_state_keep_order_and_expire_per_entry() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("s");
+    let mut shard = Shard::open(&path, 0).expect("open");
+    collect(
+        &mut shard,
+        &[("a", "0,1".into()), ("a", "5,2".into()), ("a", "10,3".into())],
+        0,
+    );
+    assert_eq!(
+        list_and_map(&shard, "a"),
+        (vec![1, 2, 3], vec![("even".into(), 2), ("odd".into(), 3)])
+    );
+    // Watermark 36 - 10 = 26 min: list items of minutes 0 and 5 (expiring at 20, 25) are gone, the
+    // map entries (expiring at 45, 50) stay; the new item is appended after the old ones.
+    collect(&mut shard, &[("a", "36,5".into())], 3);
+    assert_eq!(
+        list_and_map(&shard, "a"),
+        (vec![3, 5], vec![("even".into(), 2), ("odd".into(), 5)])
+    );
+    drop(shard);
+    let mut shard = Shard::open(&path, 0).expect("reopen");
+    assert_eq!(
+        list_and_map(&shard, "a").0,
+        vec![3, 5],
+        "list state survives reopen"
+    );
+    // Watermark 90 - 10 = 80: everything of "a" (last expiry: 36 + 40 = 76) was evicted.
+    collect(&mut shard, &[("z", "90,1".into())], 4);
+    assert_eq!(list_and_map(&shard, "a"), (vec![], vec![]));
 }
