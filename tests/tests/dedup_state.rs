@@ -375,3 +375,104 @@ fn wait_both_caught_up(a: &mut DedupUnderTest, owned_a: usize, b: &mut DedupUnde
     b.wait_caught_up(owned_b, Duration::from_secs(120))
         .expect("b caught up");
 }
+
+#[test]
+fn undecodable_and_mismatched_records_go_to_the_dead_letter_topic_and_processing_goes_on() {
+    use prost::Message as _;
+    use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+    let broker = shared_broker();
+    let topics = DedupTopics::unique();
+    create_topics(&broker.address, &[&topics.raw], 4).expect("raw topic");
+    let dir = test_dir("dedup-dlq");
+    let mut stage = start_dedup_state(DedupOptions {
+        brokers: &broker.address,
+        topics: &topics,
+        group: &unique("g"),
+        instance: "dedup-state-0",
+        dir: dir.join("instance-0"),
+        checkpoint_dir: dir.join("checkpoints"),
+        grpc_port: None,
+        extra_env: vec![],
+    })
+    .expect("start");
+    let events = replay_events(
+        (6, 1),
+        (6, 1),
+        ReplayConfig {
+            duplicate_rate: 0.0,
+            straggler_rate: 0.0,
+            ..feed_config(3)
+        },
+    );
+    let valid = &events[..50];
+    let mismatched = {
+        let mut event = events[50].clone();
+        event.flight_key = "XX1-2013-06-01-JFK".to_owned();
+        event
+    };
+    let producer: ThreadedProducer<DefaultProducerContext> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", &broker.address)
+        .create()
+        .expect("producer");
+    let garbage = b"\xff\x00not a protobuf event".to_vec();
+    producer
+        .send(
+            BaseRecord::to(&topics.raw)
+                .key("AA1-2013-06-01-JFK")
+                .payload(&garbage),
+        )
+        .map_err(|(error, _)| error)
+        .expect("send garbage");
+    let mismatched_payload = mismatched.encode_to_vec();
+    producer
+        .send(
+            BaseRecord::to(&topics.raw)
+                .key(&events[50].flight_key)
+                .payload(&mismatched_payload),
+        )
+        .map_err(|(error, _)| error)
+        .expect("send mismatched");
+    producer.flush(Duration::from_secs(10)).expect("flush");
+    produce_events(&broker.address, &topics.raw, valid).expect("valid events");
+    let status = stage
+        .wait_caught_up(4, Duration::from_secs(60))
+        .expect("caught up");
+    assert_eq!(
+        status.counters.get("invalid_records_total"),
+        Some(&2.0),
+        "{:?}",
+        status.counters
+    );
+    assert!(stage.process.is_running(), "bad input does not stop the stage");
+
+    let letters: Vec<contrail_proto::v1::DeadLetter> = read_all(&broker.address, &topics.dlq, 2)
+        .iter()
+        .map(|message| {
+            use rdkafka::Message as _;
+            contrail_proto::v1::DeadLetter::decode(message.payload().unwrap_or_default())
+                .expect("dead letter")
+        })
+        .collect();
+    assert_eq!(letters.len(), 2, "{letters:?}");
+    assert!(letters.iter().any(
+        |letter| letter.reason.contains("not a contrail.v1.OperationalEvent") && letter.payload == garbage
+    ));
+    assert!(
+        letters
+            .iter()
+            .any(|letter| letter.reason.contains("does not equal flight_key"))
+    );
+    assert!(
+        letters
+            .iter()
+            .all(|letter| letter.stage == "dedup-state" && letter.input.is_some())
+    );
+    // The valid events were all processed: 50 accepted (no duplicates in this feed).
+    assert_eq!(
+        status.counters.get("events_accepted_total"),
+        Some(&50.0),
+        "{:?}",
+        status.counters
+    );
+    stage.process.terminate(Duration::from_secs(30)).expect("stop");
+}

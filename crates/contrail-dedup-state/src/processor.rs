@@ -193,3 +193,107 @@ impl StatefulProcessor for FlightProcessor {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use contrail_state::{EngineConfig, Shard};
+    use proptest::prelude::*;
+
+    fn topics() -> OutputTopics {
+        OutputTopics::default()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(300))]
+
+        /// Any bytes as key and payload: no panic, no error, and every record that is not a valid
+        /// event of its key becomes exactly one dead letter naming its input position.
+        #[test]
+        fn arbitrary_input_never_fails_and_bad_records_become_dead_letters(
+            records in prop::collection::vec(
+                (prop::collection::vec(1u8..=255, 1..12), prop::collection::vec(any::<u8>(), 0..64)),
+                1..20,
+            )
+        ) {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let mut shard = Shard::open(&dir.path().join("s"), 0).expect("open");
+            let inputs: Vec<InputRecord<'_>> = records
+                .iter()
+                .enumerate()
+                .map(|(offset, (key, payload))| InputRecord { key, payload, offset: offset as i64 })
+                .collect();
+            let mut processor = FlightProcessor::new(Rules::default(), topics(), 0, None);
+            let result = shard
+                .process_batch(&inputs, &mut processor, &EngineConfig { allowed_lateness_us: 3_600_000_000 }, 0)
+                .expect("a batch of arbitrary records commits");
+            let dead: Vec<DeadLetter> = result
+                .outputs
+                .iter()
+                .filter(|(_, output)| output.topic == topics().dlq)
+                .map(|(_, output)| DeadLetter::decode(output.payload.as_slice()).expect("dead letter"))
+                .collect();
+            let invalid = records
+                .iter()
+                .filter(|(key, payload)| {
+                    OperationalEvent::decode(payload.as_slice())
+                        .map_or(true, |event| event.event_id.is_empty() || event.flight_key.as_bytes() != key.as_slice())
+                })
+                .count();
+            prop_assert_eq!(dead.len(), invalid);
+            for letter in &dead {
+                prop_assert_eq!(letter.stage.as_str(), "dedup-state");
+                prop_assert!(!letter.reason.is_empty());
+                prop_assert!(letter.input.is_some());
+            }
+        }
+    }
+
+    #[test]
+    fn a_valid_event_is_accepted_and_a_redelivery_is_a_duplicate() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut shard = Shard::open(&dir.path().join("s"), 0).expect("open");
+        let event = OperationalEvent {
+            event_id: "e1".to_owned(),
+            r#type: contrail_proto::v1::EventType::Scheduled as i32,
+            event_time_us: 1_357_000_000_000_000,
+            flight_key: "UA1545-2013-01-01-EWR".to_owned(),
+            ..Default::default()
+        };
+        let payload = event.encode_to_vec();
+        let key = event.flight_key.as_bytes();
+        let inputs = [
+            InputRecord {
+                key,
+                payload: &payload,
+                offset: 0,
+            },
+            InputRecord {
+                key,
+                payload: &payload,
+                offset: 1,
+            },
+        ];
+        let mut processor = FlightProcessor::new(Rules::default(), topics(), 0, None);
+        let result = shard
+            .process_batch(
+                &inputs,
+                &mut processor,
+                &EngineConfig {
+                    allowed_lateness_us: 3_600_000_000,
+                },
+                0,
+            )
+            .expect("batch");
+        let by_topic: Vec<&str> = result
+            .outputs
+            .iter()
+            .map(|(_, output)| output.topic.as_str())
+            .collect();
+        assert_eq!(
+            by_topic,
+            ["ops.flights.curated", "ops.events.accepted"],
+            "one state and one accepted event"
+        );
+    }
+}
