@@ -44,6 +44,12 @@ if [ $# -eq 0 ]; then set -- --from 2013-01-01 --to 2013-01-01; fi
 "$bin/contrail" replay --url http://127.0.0.1:8080 "$@"
 echo "ingest metrics:"
 curl -fs http://127.0.0.1:8080/metrics | grep -E '^contrail_ingest_(events_accepted|records_rejected|records_received)_total'
-sleep 3
+sent=$(curl -fs http://127.0.0.1:8080/metrics | awk '/^contrail_ingest_events_accepted_total/ {n += $2} END {print n + 0}')
+echo "waiting for dedup-state to process $sent events (the consumer group join takes a few seconds)…"
+for _ in $(seq 1 120); do
+  done_count=$(curl -fs http://127.0.0.1:8081/metrics | awk '/^contrail_dedup_records_total/ {print $2 + 0}')
+  [ "${done_count:-0}" -ge "$sent" ] && break
+  sleep 0.5
+done
 echo "dedup-state metrics:"
 curl -fs http://127.0.0.1:8081/metrics | grep -E '^contrail_dedup_(events_total|checkpoints_total|records_total)'
