@@ -131,6 +131,22 @@ pub struct Expected {
     pub late: BTreeSet<(i32, i64)>,
     /// Duplicates dropped.
     pub duplicates: usize,
+    /// DEPARTURE_OVERDUE alerts: (flight key, fire time µs).
+    pub alerts: BTreeSet<(String, i64)>,
+}
+
+/// DEPARTURE_OVERDUE fires this long after the scheduled departure (DESIGN §3.6).
+const OVERDUE_AFTER_US: i64 = 15 * 60_000_000;
+
+/// When a flight's overdue timer should be set, from the contract's rule: scheduled out + 15 min
+/// while it has not departed, is not cancelled, and was not alerted.
+fn overdue_at(state: &FlightState, alerted: bool) -> Option<i64> {
+    if alerted || state.actual_out_us.is_some() || state.status == "CANCELLED" {
+        return None;
+    }
+    state
+        .scheduled_out_us
+        .map(|scheduled| scheduled + OVERDUE_AFTER_US)
 }
 
 /// Computes the expectation from the raw records (any order; they are sorted by position).
@@ -150,44 +166,64 @@ pub fn expect(records: &[RawRecord], rules: OracleRules) -> Expected {
         let mut keys: HashMap<&str, (i64, usize)> = HashMap::new();
         // (key, event id) → event time of the accepted copy
         let mut seen: HashMap<(&str, &str), i64> = HashMap::new();
+        // key → overdue timer; keys already alerted.
+        let mut timers: BTreeMap<String, i64> = BTreeMap::new();
+        let mut alerted: std::collections::HashSet<String> = std::collections::HashSet::new();
         for record in records {
             let event = &record.event;
             let time = event.event_time_us;
             shard_max = shard_max.max(time);
             let watermark = shard_max - rules.lateness_us;
             let key = event.flight_key.as_str();
-            if seen
-                .get(&(key, event.event_id.as_str()))
-                .is_some_and(|at| at + rules.dedup_ttl_us > watermark)
-            {
-                expected.duplicates += 1;
-                continue;
+            'decide: {
+                if seen
+                    .get(&(key, event.event_id.as_str()))
+                    .is_some_and(|at| at + rules.dedup_ttl_us > watermark)
+                {
+                    expected.duplicates += 1;
+                    break 'decide;
+                }
+                let alive = keys
+                    .get(key)
+                    .filter(|(newest, _)| newest + rules.state_ttl_us > watermark)
+                    .copied();
+                let late = match alive {
+                    Some((newest, _)) => time < newest - rules.lateness_us,
+                    None => time < shard_max - rules.state_ttl_us,
+                };
+                if late {
+                    expected
+                        .late
+                        .insert((record.position.partition, record.position.offset));
+                    break 'decide;
+                }
+                let (newest, count) = alive.unwrap_or((i64::MIN, 0));
+                keys.insert(key, (newest.max(time), count + 1));
+                if alive.is_none() {
+                    expected.accepted.remove(key);
+                }
+                seen.insert((key, event.event_id.as_str()), time);
+                let accepted = expected.accepted.entry(key.to_owned()).or_default();
+                accepted.push((event.clone(), record.position.clone()));
+                match overdue_at(&expected_final_state(accepted), alerted.contains(key)) {
+                    Some(at) => timers.insert(key.to_owned(), at),
+                    None => timers.remove(key),
+                };
             }
-            let alive = keys
-                .get(key)
-                .filter(|(newest, _)| newest + rules.state_ttl_us > watermark)
-                .copied();
-            let late = match alive {
-                Some((newest, _)) => time < newest - rules.lateness_us,
-                None => time < shard_max - rules.state_ttl_us,
-            };
-            if late {
-                expected
-                    .late
-                    .insert((record.position.partition, record.position.offset));
-                continue;
+            // Event-time timers fire once the shard watermark passes them.
+            let due: Vec<(String, i64)> = timers
+                .iter()
+                .filter(|(_, at)| **at <= watermark)
+                .map(|(key, at)| (key.clone(), *at))
+                .collect();
+            for (key, at) in due {
+                timers.remove(&key);
+                let state = expected_final_state(&expected.accepted[&key]);
+                if overdue_at(&state, alerted.contains(&key)) == Some(at) {
+                    alerted.insert(key.clone());
+                    expected.alerts.insert((key, at));
+                }
             }
-            let (newest, count) = alive.unwrap_or((i64::MIN, 0));
-            keys.insert(key, (newest.max(time), count + 1));
-            if alive.is_none() {
-                expected.accepted.remove(key);
-            }
-            seen.insert((key, event.event_id.as_str()), time);
-            expected
-                .accepted
-                .entry(key.to_owned())
-                .or_default()
-                .push((event.clone(), record.position.clone()));
         }
     }
     expected
@@ -213,6 +249,7 @@ pub fn check_outputs(
     curated: &[OwnedMessage],
     accepted: &[OwnedMessage],
     late: &[OwnedMessage],
+    alerts: &[OwnedMessage],
 ) -> Vec<String> {
     let mut problems = Vec::new();
     // Curated: every (key, version) once or as identical copies; versions 1..N; last = fold.
@@ -306,6 +343,26 @@ pub fn check_outputs(
             got_late.len(),
             expected.late.difference(&got_late).count(),
             got_late.difference(&expected.late).count()
+        ));
+    }
+    // Alerts: exactly the expected (flight, fire time) pairs.
+    let got_alerts: BTreeSet<(String, i64)> = alerts
+        .iter()
+        .map(|message| {
+            let alert = contrail_proto::v1::Alert::decode(message.payload().unwrap_or_default())
+                .expect("alerts decode");
+            (alert.flight_key, alert.fired_at_us)
+        })
+        .collect();
+    if got_alerts != expected.alerts {
+        problems.push(format!(
+            "alerts: {} expected, {} on the topic, {} missing (e.g. {:?}), {} unexpected (e.g. {:?})",
+            expected.alerts.len(),
+            got_alerts.len(),
+            expected.alerts.difference(&got_alerts).count(),
+            expected.alerts.difference(&got_alerts).next(),
+            got_alerts.difference(&expected.alerts).count(),
+            got_alerts.difference(&expected.alerts).next(),
         ));
     }
     problems
@@ -638,12 +695,12 @@ mod tests {
         let (curated, accepted, _, _) = correct(&expected);
         let late = vec![late_message.clone()];
         assert_eq!(
-            check_outputs(&expected, &curated, &accepted, &late),
+            check_outputs(&expected, &curated, &accepted, &late, &[]),
             Vec::<String>::new()
         );
         // Redelivered identical copies are fine.
         let doubled: Vec<OwnedMessage> = curated.iter().chain(curated.iter()).cloned().collect();
-        assert!(check_outputs(&expected, &doubled, &accepted, &late).is_empty());
+        assert!(check_outputs(&expected, &doubled, &accepted, &late, &[]).is_empty());
 
         let missing_version: Vec<OwnedMessage> = curated
             .iter()
@@ -652,17 +709,29 @@ mod tests {
             .map(|(_, m)| m.clone())
             .collect();
         assert!(
-            check_outputs(&expected, &missing_version, &accepted, &late)[0].contains("versions [1, 3, 4]")
+            check_outputs(&expected, &missing_version, &accepted, &late, &[])[0]
+                .contains("versions [1, 3, 4]")
         );
         let mut different = FlightState::decode(curated[3].payload().unwrap_or_default()).expect("state");
         different.gate = Some("X1".to_owned());
         let mut conflicting = curated.clone();
         conflicting.push(message(different.encode_to_vec()));
-        assert!(check_outputs(&expected, &conflicting, &accepted, &late)[0].contains("two different states"));
+        assert!(
+            check_outputs(&expected, &conflicting, &accepted, &late, &[])[0].contains("two different states")
+        );
         let mut wrong_final = curated.clone();
         wrong_final[3] = message(different.encode_to_vec());
-        assert!(check_outputs(&expected, &wrong_final, &accepted, &late)[0].contains("final state differs"));
-        assert!(check_outputs(&expected, &curated, &accepted[1..], &late)[0].contains("1 missing"));
-        assert!(check_outputs(&expected, &curated, &accepted, &[])[0].contains("1 missing"));
+        assert!(
+            check_outputs(&expected, &wrong_final, &accepted, &late, &[])[0].contains("final state differs")
+        );
+        assert!(check_outputs(&expected, &curated, &accepted[1..], &late, &[])[0].contains("1 missing"));
+        assert!(check_outputs(&expected, &curated, &accepted, &[], &[])[0].contains("1 missing"));
+        let unexpected_alert = contrail_proto::v1::Alert {
+            flight_key: "UA1545-2013-01-01-EWR".to_owned(),
+            fired_at_us: 42,
+            ..Default::default()
+        };
+        let alerts = [message(unexpected_alert.encode_to_vec())];
+        assert!(check_outputs(&expected, &curated, &accepted, &late, &alerts)[0].contains("1 unexpected"));
     }
 }

@@ -38,7 +38,12 @@ fn verify(brokers: &str, topics: &DedupTopics, raw_count: usize) -> (usize, usiz
     let curated = read_all(brokers, &topics.curated, accepted_count);
     let accepted = read_all(brokers, &topics.accepted, accepted_count);
     let late = read_all(brokers, &topics.late, expected.late.len());
-    let problems = check_outputs(&expected, &curated, &accepted, &late);
+    let alerts = read_all(brokers, &topics.alerts, expected.alerts.len());
+    let problems = check_outputs(&expected, &curated, &accepted, &late, &alerts);
+    println!(
+        "{} DEPARTURE_OVERDUE alerts expected and found",
+        expected.alerts.len()
+    );
     assert!(
         problems.is_empty(),
         "{} violations of exactly-once (first 10):\n{}",
