@@ -40,10 +40,7 @@ for _ in $(seq 1 100); do
   kill -0 "$dedup_pid" 2>/dev/null || { echo "dedup-state failed to start:"; cat "$work/dedup-state.log"; exit 1; }
   sleep 0.1
 done
-# One request in flight keeps each flight's events in the feed's arrival order; with several, a
-# fast replay reorders events across concurrent requests by hours of event time and dedup-state
-# rightly calls many of them late.
-if [ $# -eq 0 ]; then set -- --from 2013-01-01 --to 2013-01-01 --concurrency 1; fi
+if [ $# -eq 0 ]; then set -- --from 2013-01-01 --to 2013-01-01; fi
 "$bin/contrail" replay --url http://127.0.0.1:8080 "$@"
 echo "ingest metrics:"
 curl -fs http://127.0.0.1:8080/metrics | grep -E '^contrail_ingest_(events_accepted|records_rejected|records_received)_total'

@@ -1,7 +1,11 @@
 //! `contrail replay` against a running ingest: every generated delivery lands on the raw topic, and
 //! the feed matches an independent generation with the same seed.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
+
+use contrail_proto::v1::OperationalEvent;
+use prost::Message as _;
+use rdkafka::Message as _;
 use std::process::Command;
 use std::time::Duration;
 
@@ -90,4 +94,30 @@ fn replay_posts_one_day_of_real_flights_with_duplicates() {
     );
     let landed: BTreeSet<String> = event_ids(&messages).into_iter().collect();
     assert_eq!(landed, expected_ids);
+
+    // With 3 requests in flight, each flight's events still arrive in the feed's order (the raw
+    // topic is partitioned by flight key, so per-key topic order is ingest's receive order).
+    let limits = contrail_events::Limits::default();
+    let mut expected_order: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for delivery in &deliveries {
+        let event = contrail_events::validate_record(&delivery.event.to_json(), &limits, 0).expect("valid");
+        expected_order
+            .entry(event.flight_key)
+            .or_default()
+            .push(event.event_id);
+    }
+    let mut sorted = messages.clone();
+    sorted.sort_by_key(|message| (message.partition(), message.offset()));
+    let mut landed_order: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for message in &sorted {
+        let event = OperationalEvent::decode(message.payload().unwrap_or_default()).expect("event");
+        landed_order
+            .entry(event.flight_key)
+            .or_default()
+            .push(event.event_id);
+    }
+    assert_eq!(
+        landed_order, expected_order,
+        "every flight's events in the feed's arrival order"
+    );
 }

@@ -8,7 +8,6 @@ use anyhow::{Context, Result, bail};
 use chrono::NaiveDate;
 use clap::Args;
 use contrail_flightdata::{FlightData, ReplayConfig, ReplayStream};
-use futures::StreamExt;
 use indicatif::{ProgressBar, ProgressStyle};
 
 /// Options of `contrail replay`.
@@ -50,7 +49,8 @@ pub struct ReplayArgs {
     /// Events per request.
     #[arg(long, default_value_t = 1000)]
     batch_size: usize,
-    /// Requests in flight at once (1 keeps the arrival order exactly).
+    /// Requests in flight at once. Events are split into this many lanes by flight, each lane
+    /// posting its batches in order, so every flight's events keep the feed's arrival order.
     #[arg(long, default_value_t = 4)]
     concurrency: usize,
     /// Stop after this many deliveries.
@@ -140,33 +140,70 @@ pub async fn run(args: ReplayArgs) -> Result<()> {
         .timeout(Duration::from_secs(60))
         .build()?;
     let endpoint = format!("{}/v1/events?results=failures", args.url.trim_end_matches('/'));
-    let batches = batches(stream, args.batch_size, limit);
+    let deliveries = stream
+        .take(usize::try_from(limit).unwrap_or(usize::MAX))
+        .map(|delivery| delivery.event.to_json());
     let pace = Pace::new(args.rate);
     let mut totals = Totals::default();
-    let mut results = futures::stream::iter(batches)
-        .map(|batch| {
-            let client = &client;
-            let endpoint = &endpoint;
-            let args = &args;
-            let pace = &pace;
-            async move {
-                pace.wait(batch.len() as u64).await;
-                post_batch(client, endpoint, args, batch).await
+    // Lanes by flight key: lanes post concurrently, the batches of one lane one after the other, so
+    // every flight's events reach ingest in the feed's arrival order whatever the concurrency
+    // (batches in flight at once would otherwise reorder a fast replay by hours of event time).
+    let lanes = args.concurrency;
+    let (senders, receivers): (Vec<_>, Vec<_>) = (0..lanes)
+        .map(|_| tokio::sync::mpsc::channel::<Vec<serde_json::Value>>(2))
+        .unzip();
+    let (result_sender, mut results) = tokio::sync::mpsc::unbounded_channel::<Result<BatchResult>>();
+    let batch_size = args.batch_size;
+    let feeder = async move {
+        let mut buffers: Vec<Vec<serde_json::Value>> = vec![Vec::new(); lanes];
+        for event in deliveries {
+            let lane = lane_of(&event, lanes);
+            buffers[lane].push(event);
+            if buffers[lane].len() >= batch_size {
+                let batch = std::mem::take(&mut buffers[lane]);
+                if senders[lane].send(batch).await.is_err() {
+                    return; // that lane failed; the error is reported by the collector
+                }
             }
-        })
-        .buffered(args.concurrency);
-    while let Some(result) = results.next().await {
-        let batch = result?;
-        totals.sent += batch.sent;
-        totals.accepted += batch.accepted;
-        totals.rejected += batch.rejected;
-        totals.retries += batch.retries;
-        progress.inc(batch.sent);
-        progress.set_message(format!(
-            "{} rejected, {} retries",
-            totals.rejected, totals.retries
-        ));
-    }
+        }
+        for (lane, batch) in buffers.into_iter().enumerate() {
+            if !batch.is_empty() && senders[lane].send(batch).await.is_err() {
+                return;
+            }
+        }
+    };
+    let workers = futures::future::join_all(receivers.into_iter().map(|mut receiver| {
+        let result_sender = result_sender.clone();
+        let (client, endpoint, args, pace) = (&client, &endpoint, &args, &pace);
+        async move {
+            while let Some(batch) = receiver.recv().await {
+                pace.wait(batch.len() as u64).await;
+                let result = post_batch(client, endpoint, args, batch).await;
+                let failed = result.is_err();
+                if result_sender.send(result).is_err() || failed {
+                    return;
+                }
+            }
+        }
+    }));
+    drop(result_sender);
+    let collector = async {
+        while let Some(result) = results.recv().await {
+            let batch = result?;
+            totals.sent += batch.sent;
+            totals.accepted += batch.accepted;
+            totals.rejected += batch.rejected;
+            totals.retries += batch.retries;
+            progress.inc(batch.sent);
+            progress.set_message(format!(
+                "{} rejected, {} retries",
+                totals.rejected, totals.retries
+            ));
+        }
+        Ok::<(), anyhow::Error>(())
+    };
+    let ((), _, collected) = tokio::join!(feeder, workers, collector);
+    collected?;
     progress.finish_and_clear();
     let seconds = started.elapsed().as_secs_f64();
     println!(
@@ -186,18 +223,16 @@ pub async fn run(args: ReplayArgs) -> Result<()> {
     Ok(())
 }
 
-fn batches(
-    stream: ReplayStream,
-    batch_size: usize,
-    limit: u64,
-) -> impl Iterator<Item = Vec<serde_json::Value>> {
-    let mut deliveries = stream
-        .take(usize::try_from(limit).unwrap_or(usize::MAX))
-        .map(|delivery| delivery.event.to_json());
-    std::iter::from_fn(move || {
-        let batch: Vec<serde_json::Value> = deliveries.by_ref().take(batch_size).collect();
-        (!batch.is_empty()).then_some(batch)
-    })
+/// The lane of an event: a stable hash of its flight reference (carrier, number, origin, date).
+fn lane_of(event: &serde_json::Value, lanes: usize) -> usize {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    event
+        .get("flight")
+        .map(|flight| flight.to_string())
+        .unwrap_or_default()
+        .hash(&mut hasher);
+    (hasher.finish() % lanes.max(1) as u64) as usize
 }
 
 fn write_ndjson(
