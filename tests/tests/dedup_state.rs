@@ -479,5 +479,20 @@ fn undecodable_and_mismatched_records_go_to_the_dead_letter_topic_and_processing
         "{:?}",
         status.counters
     );
+    // The same counts on the Prometheus endpoint, with the commit and state metrics.
+    let metrics =
+        contrail_integration_tests::http_get(&format!("{}/metrics", stage.http_url)).expect("metrics");
+    for expected in [
+        "contrail_dedup_events_total{verdict=\"invalid\"} 2",
+        "contrail_dedup_events_total{verdict=\"accepted\"} 50",
+        "contrail_dedup_commits_total",
+        "contrail_dedup_state_bytes{partition=",
+        "contrail_dedup_commit_seconds_bucket",
+    ] {
+        assert!(
+            metrics.contains(expected),
+            "/metrics lacks {expected}:\n{metrics}"
+        );
+    }
     stage.process.terminate(Duration::from_secs(30)).expect("stop");
 }
