@@ -9,7 +9,7 @@
 //!   complete ones ([`protocol::garbage`]). An incomplete epoch is never restored from and is
 //!   collected once a newer epoch completes.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::sync::mpsc::Sender;
 use std::time::{Duration, Instant};
@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use contrail_proto::control::v1::checkpoint_control_client::CheckpointControlClient;
 use contrail_proto::control::v1::checkpoint_control_server::CheckpointControl;
 use contrail_proto::control::v1::{BarrierRequest, BarrierResponse, ShardAck};
-use contrail_state::checkpoints::CheckpointStore;
+use contrail_state::checkpoints::{CheckpointStore, ShardUpload};
 use contrail_state::protocol::{self, Manifest, ShardCheckpoint};
 use tokio::sync::{Mutex, oneshot};
 use tonic::{Request, Response, Status};
@@ -31,6 +31,9 @@ pub struct ControlServer {
     instance: String,
     commands: Sender<Command>,
     store: CheckpointStore,
+    /// The last upload per partition with the shard generation it came from: its SST files are
+    /// copied inside the store rather than uploaded again (incremental checkpoints).
+    previous: Mutex<HashMap<i32, (u64, ShardUpload)>>,
 }
 
 impl ControlServer {
@@ -40,6 +43,7 @@ impl ControlServer {
             instance,
             commands,
             store,
+            previous: Mutex::new(HashMap::new()),
         }
     }
 
@@ -55,18 +59,33 @@ impl ControlServer {
             .map_err(|_| failed("the processing thread stopped".to_owned()))?
             .map_err(failed)?;
         let mut acks = Vec::with_capacity(local.len());
+        let mut previous = self.previous.lock().await;
         for checkpoint in local {
+            let reusable = previous
+                .get(&checkpoint.partition)
+                .filter(|(generation, _)| *generation == checkpoint.generation)
+                .map(|(_, upload)| upload);
             let uploaded = self
                 .store
-                .upload_shard(
+                .upload_shard_reusing(
                     epoch,
                     checkpoint.partition,
                     checkpoint.next_offset,
                     &checkpoint.dir,
+                    reusable,
                 )
                 .await;
             let _ = tokio::fs::remove_dir_all(&checkpoint.dir).await;
-            acks.push(uploaded?);
+            let uploaded = uploaded?;
+            tracing::debug!(
+                epoch,
+                partition = checkpoint.partition,
+                files = uploaded.files.len(),
+                reused = uploaded.reused,
+                "shard uploaded"
+            );
+            acks.push(uploaded.checkpoint.clone());
+            previous.insert(checkpoint.partition, (checkpoint.generation, uploaded));
         }
         Ok(acks)
     }

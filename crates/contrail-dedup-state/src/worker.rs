@@ -89,6 +89,9 @@ pub struct LocalCheckpoint {
     pub next_offset: i64,
     /// The RocksDB checkpoint directory.
     pub dir: PathBuf,
+    /// Which open of the shard it comes from: SST file names are unique within one open, so
+    /// uploads of the same generation may share SST files.
+    pub generation: u64,
 }
 
 /// Requests to the processing thread.
@@ -118,6 +121,7 @@ pub struct ShardStatus {
 struct OwnedShard {
     shard: Shard,
     origin: String,
+    generation: u64,
 }
 
 struct Inner {
@@ -147,6 +151,8 @@ pub struct ShardSet {
     pub records_processed: AtomicU64,
     /// Whether the first assignment happened.
     pub assigned_once: AtomicBool,
+    /// Counts shard opens (generations).
+    opens: AtomicU64,
 }
 
 impl ShardSet {
@@ -189,6 +195,7 @@ impl ShardSet {
             failed: Mutex::new(None),
             records_processed: AtomicU64::new(0),
             assigned_once: AtomicBool::new(false),
+            opens: AtomicU64::new(0),
         })
     }
 
@@ -279,7 +286,15 @@ impl ShardSet {
             .shard_offset
             .with_label_values(&[&partition.to_string()])
             .set(next_offset.unwrap_or(-1));
-        inner.shards.insert(partition, OwnedShard { shard, origin });
+        let generation = self.opens.fetch_add(1, Ordering::Relaxed);
+        inner.shards.insert(
+            partition,
+            OwnedShard {
+                shard,
+                origin,
+                generation,
+            },
+        );
         self.metrics.outbox_pending.set(inner.unacknowledged as i64);
         Ok(next_offset.map_or(Offset::Beginning, Offset::Offset))
     }
@@ -476,6 +491,7 @@ impl ShardSet {
                 partition: *partition,
                 next_offset: owned.shard.progress().next_offset.unwrap_or(0),
                 dir,
+                generation: owned.generation,
             });
         }
         Ok(taken)

@@ -5,7 +5,7 @@
 //! checkpoint files and `epoch-{epoch:020}/MANIFEST.json` once the epoch is complete. An epoch
 //! without a manifest is incomplete and never restored from.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -15,6 +15,17 @@ use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 
 use crate::error::StateError;
 use crate::protocol::{Manifest, ShardCheckpoint};
+
+/// What one shard upload wrote: its manifest entry and its files (name → size).
+#[derive(Debug, Clone)]
+pub struct ShardUpload {
+    /// The manifest entry.
+    pub checkpoint: ShardCheckpoint,
+    /// Every file of the checkpoint with its size.
+    pub files: BTreeMap<String, u64>,
+    /// How many SST files were copied from the previous upload instead of uploaded.
+    pub reused: usize,
+}
 
 /// Checkpoints in an object store.
 #[derive(Clone)]
@@ -60,26 +71,66 @@ impl CheckpointStore {
         next_offset: i64,
         local_dir: &Path,
     ) -> Result<ShardCheckpoint, StateError> {
+        Ok(self
+            .upload_shard_reusing(epoch, partition, next_offset, local_dir, None)
+            .await?
+            .checkpoint)
+    }
+
+    /// As [`CheckpointStore::upload_shard`], reusing the SST files of `previous` — an earlier
+    /// upload of the *same* RocksDB instance (same open), where an SST file name never denotes two
+    /// contents: an SST with the same name and size is copied inside the store (a hard link in a
+    /// local store, a server-side copy in a cloud store) instead of uploaded again. Each epoch stays
+    /// self-contained, so garbage collection of older epochs never breaks a newer one. A failed
+    /// copy (the previous epoch was collected meanwhile) falls back to an upload.
+    pub async fn upload_shard_reusing(
+        &self,
+        epoch: u64,
+        partition: i32,
+        next_offset: i64,
+        local_dir: &Path,
+        previous: Option<&ShardUpload>,
+    ) -> Result<ShardUpload, StateError> {
         let location = format!("{}/shard-{partition}", epoch_prefix(epoch));
+        let mut files = BTreeMap::new();
+        let mut reused = 0;
         let mut entries = tokio::fs::read_dir(local_dir).await.map_err(store_error)?;
         while let Some(entry) = entries.next_entry().await.map_err(store_error)? {
-            if !entry.file_type().await.map_err(store_error)?.is_file() {
+            let metadata = entry.metadata().await.map_err(store_error)?;
+            if !metadata.is_file() {
                 continue;
             }
             let name = entry.file_name().to_string_lossy().into_owned();
-            let bytes = tokio::fs::read(entry.path()).await.map_err(store_error)?;
-            self.store
-                .put(
-                    &StorePath::from(format!("{location}/{name}")),
-                    PutPayload::from(bytes),
-                )
-                .await
-                .map_err(store_error)?;
+            let target = StorePath::from(format!("{location}/{name}"));
+            let reusable = previous.filter(|previous| {
+                name.ends_with(".sst") && previous.files.get(&name) == Some(&metadata.len())
+            });
+            let copied = match reusable {
+                Some(previous) => {
+                    let source = StorePath::from(format!("{}/{name}", previous.checkpoint.location));
+                    self.store.copy(&source, &target).await.is_ok()
+                }
+                None => false,
+            };
+            if copied {
+                reused += 1;
+            } else {
+                let bytes = tokio::fs::read(entry.path()).await.map_err(store_error)?;
+                self.store
+                    .put(&target, PutPayload::from(bytes))
+                    .await
+                    .map_err(store_error)?;
+            }
+            files.insert(name, metadata.len());
         }
-        Ok(ShardCheckpoint {
-            partition,
-            next_offset,
-            location,
+        Ok(ShardUpload {
+            checkpoint: ShardCheckpoint {
+                partition,
+                next_offset,
+                location,
+            },
+            files,
+            reused,
         })
     }
 

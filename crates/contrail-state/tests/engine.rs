@@ -387,3 +387,44 @@ fn list_and_map_state_keep_order_and_expire_per_entry() {
     collect(&mut shard, &[("z", "90,1".into())], 4);
     assert_eq!(list_and_map(&shard, "a"), (vec![], vec![]));
 }
+
+#[tokio::test]
+async fn a_second_checkpoint_reuses_unchanged_sst_files_and_restores_alone() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = CheckpointStore::local(&dir.path().join("checkpoints")).expect("store");
+    let shard_path = dir.path().join("state/shard-0");
+    let mut shard = Shard::open(&shard_path, 0).expect("open");
+    run(
+        &mut shard,
+        &records(&[("a", "0,5".into()), ("b", "1,7".into())]),
+        0,
+    );
+    shard.checkpoint(&dir.path().join("c1")).expect("checkpoint 1");
+    let first = store
+        .upload_shard_reusing(1, 0, 2, &dir.path().join("c1"), None)
+        .await
+        .expect("upload 1");
+    assert_eq!(first.reused, 0);
+    run(&mut shard, &records(&[("c", "2,1".into())]), 2);
+    shard.checkpoint(&dir.path().join("c2")).expect("checkpoint 2");
+    let second = store
+        .upload_shard_reusing(2, 0, 3, &dir.path().join("c2"), Some(&first))
+        .await
+        .expect("upload 2");
+    assert!(
+        second.reused >= 1,
+        "the first checkpoint's SST is copied, not uploaded: {second:?}"
+    );
+    let expected = contents(&shard);
+    drop(shard);
+    // Epoch 1 is collected; epoch 2 must restore on its own.
+    store.delete_epoch(1).await.expect("collect epoch 1");
+    std::fs::remove_dir_all(&shard_path).expect("lose the volume");
+    store
+        .download_shard(&second.checkpoint, &shard_path)
+        .await
+        .expect("download");
+    let restored = Shard::open(&shard_path, 0).expect("open restored");
+    assert_eq!(contents(&restored), expected);
+    assert_eq!(restored.progress().next_offset, Some(3));
+}
