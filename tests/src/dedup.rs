@@ -442,6 +442,23 @@ pub struct DedupOptions<'a> {
     pub extra_env: Vec<(String, String)>,
 }
 
+impl<'a> DedupOptions<'a> {
+    /// Instance `dedup-state-0` of a deployment under `dir`: shards in `dir/instance-0`, the
+    /// checkpoint store in `dir/checkpoints`, a free gRPC port, no extra settings.
+    pub fn single(brokers: &'a str, topics: &'a DedupTopics, group: &'a str, dir: &std::path::Path) -> Self {
+        DedupOptions {
+            brokers,
+            topics,
+            group,
+            instance: "dedup-state-0",
+            dir: dir.join("instance-0"),
+            checkpoint_dir: dir.join("checkpoints"),
+            grpc_port: None,
+            extra_env: Vec::new(),
+        }
+    }
+}
+
 /// Starts dedup-state and waits until `/readyz` answers 200.
 pub fn start_dedup_state(options: DedupOptions<'_>) -> Result<DedupUnderTest> {
     std::fs::create_dir_all(&options.dir)?;

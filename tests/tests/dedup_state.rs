@@ -119,18 +119,13 @@ fn kill_9_at_random_moments_loses_nothing_and_doubles_nothing() {
     );
     let dir = test_dir("dedup-crash");
     let checkpoints = dir.join("checkpoints");
+    let group = unique("g");
     let mut stage = start_dedup_state(DedupOptions {
-        brokers: &broker.address,
-        topics: &topics,
-        group: &unique("g"),
-        instance: "dedup-state-0",
-        dir: dir.join("instance-0"),
-        checkpoint_dir: checkpoints.clone(),
-        grpc_port: None,
         extra_env: vec![
             ("CONTRAIL_CHECKPOINT__INTERVAL_MS".into(), "700".into()),
             ("CONTRAIL_GROUP__STATIC_MEMBERSHIP".into(), "true".into()),
         ],
+        ..DedupOptions::single(&broker.address, &topics, &group, &dir)
     })
     .expect("dedup-state starts");
 
@@ -236,17 +231,11 @@ fn a_lost_shard_directory_is_restored_from_the_checkpoint_store() {
     let (half, total) = half_and_half(&events);
     let dir = test_dir("dedup-restore");
     let group = unique("g");
-    let options = |dir: &Path| DedupOptions {
-        brokers: &broker.address,
-        topics: &topics,
-        group: &group,
-        instance: "dedup-state-0",
-        dir: dir.join("instance-0"),
-        checkpoint_dir: dir.join("checkpoints"),
-        grpc_port: None,
+    let mut stage = start_dedup_state(DedupOptions {
         extra_env: vec![("CONTRAIL_CHECKPOINT__INTERVAL_MS".into(), "0".into())],
-    };
-    let mut stage = start_dedup_state(options(&dir)).expect("start");
+        ..DedupOptions::single(&broker.address, &topics, &group, &dir)
+    })
+    .expect("start");
     // Two checkpoints: the second copies the first one's unchanged SST files inside the store
     // (incremental), and is the one restored from below.
     let quarter = half / 2;
@@ -321,28 +310,21 @@ fn when_an_instance_leaves_the_other_takes_its_shards() {
     let port_b = contrail_integration_tests::free_port();
     let peers = format!("[\"http://127.0.0.1:{port_a}\",\"http://127.0.0.1:{port_b}\"]");
     let mut a = start_dedup_state(DedupOptions {
-        brokers: &broker.address,
-        topics: &topics,
-        group: &group,
-        instance: "dedup-state-0",
         dir: dir.join("a"),
-        checkpoint_dir: dir.join("checkpoints"),
         grpc_port: Some(port_a),
         extra_env: vec![
             ("CONTRAIL_CHECKPOINT__INTERVAL_MS".into(), "0".into()),
             ("CONTRAIL_CHECKPOINT__PEERS".into(), peers),
         ],
+        ..DedupOptions::single(&broker.address, &topics, &group, &dir)
     })
     .expect("instance a");
     let mut b = start_dedup_state(DedupOptions {
-        brokers: &broker.address,
-        topics: &topics,
-        group: &group,
         instance: "dedup-state-1",
         dir: dir.join("b"),
-        checkpoint_dir: dir.join("checkpoints"),
         grpc_port: Some(port_b),
         extra_env: vec![("CONTRAIL_CHECKPOINT__COORDINATOR".into(), "false".into())],
+        ..DedupOptions::single(&broker.address, &topics, &group, &dir)
     })
     .expect("instance b");
     produce_events(&broker.address, &topics.raw, &events[..half]).expect("first half");
@@ -397,17 +379,9 @@ fn undecodable_and_mismatched_records_go_to_the_dead_letter_topic_and_processing
     let topics = DedupTopics::unique();
     create_topics(&broker.address, &[&topics.raw], 4).expect("raw topic");
     let dir = test_dir("dedup-dlq");
-    let mut stage = start_dedup_state(DedupOptions {
-        brokers: &broker.address,
-        topics: &topics,
-        group: &unique("g"),
-        instance: "dedup-state-0",
-        dir: dir.join("instance-0"),
-        checkpoint_dir: dir.join("checkpoints"),
-        grpc_port: None,
-        extra_env: vec![],
-    })
-    .expect("start");
+    let group = unique("g");
+    let mut stage =
+        start_dedup_state(DedupOptions::single(&broker.address, &topics, &group, &dir)).expect("start");
     let events = replay_events(
         (6, 1),
         (6, 1),

@@ -3,7 +3,6 @@
 //! to an exit code. Each stage's `main.rs` is its CLI definition plus one call to [`main`].
 
 use std::future::Future;
-use std::path::Path;
 use std::process::ExitCode;
 
 use serde::Serialize;
@@ -13,17 +12,27 @@ use crate::config;
 use crate::shutdown::Shutdown;
 use crate::telemetry::TelemetryConfig;
 
+/// The command-line options every stage binary has (flatten into its `clap` parser).
+#[derive(Debug, clap::Args)]
+pub struct StageArgs {
+    /// TOML configuration file.
+    #[arg(long, env = "CONTRAIL_CONFIG_FILE")]
+    pub config: Option<std::path::PathBuf>,
+    /// Print the effective configuration (secrets redacted) and exit.
+    #[arg(long)]
+    pub print_config: bool,
+}
+
 /// How a stage's error reports itself.
 pub trait StageError: std::fmt::Display {
     /// Whether retrying (restarting) later can succeed.
     fn is_retryable(&self) -> bool;
 }
 
-/// Runs stage `name` with the config from `config_file` and the environment.
+/// Runs stage `name` with the config from `args.config` and the environment.
 pub fn main<C, E, F, Fut>(
     name: &'static str,
-    config_file: Option<&Path>,
-    print_config: bool,
+    args: &StageArgs,
     telemetry: fn(&C) -> &TelemetryConfig,
     run: F,
 ) -> ExitCode
@@ -33,14 +42,14 @@ where
     F: FnOnce(C, Shutdown) -> Fut,
     Fut: Future<Output = Result<(), E>>,
 {
-    let config: C = match config::load(config_file) {
+    let config: C = match config::load(args.config.as_deref()) {
         Ok(config) => config,
         Err(error) => {
             eprintln!("{name}: {error}");
             return ExitCode::from(2);
         }
     };
-    if print_config {
+    if args.print_config {
         print!("{}", config::render_effective(&config));
         return ExitCode::SUCCESS;
     }

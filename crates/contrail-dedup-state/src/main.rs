@@ -4,7 +4,6 @@
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -23,20 +22,15 @@ use contrail_dedup_state::DedupStateConfig;
 #[derive(Parser)]
 #[command(name = "dedup-state", version)]
 struct Cli {
-    /// TOML configuration file.
-    #[arg(long, env = "CONTRAIL_CONFIG_FILE")]
-    config: Option<PathBuf>,
-    /// Print the effective configuration (secrets redacted) and exit.
-    #[arg(long)]
-    print_config: bool,
+    #[command(flatten)]
+    stage: contrail_common::stage::StageArgs,
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     contrail_common::stage::main(
         "dedup-state",
-        cli.config.as_deref(),
-        cli.print_config,
+        &cli.stage,
         |config: &DedupStateConfig| &config.telemetry,
         contrail_dedup_state::run,
     )

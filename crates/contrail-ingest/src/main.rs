@@ -4,7 +4,6 @@
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -18,20 +17,15 @@ use contrail_ingest::IngestConfig;
 #[derive(Parser)]
 #[command(name = "ingest", version)]
 struct Cli {
-    /// TOML configuration file.
-    #[arg(long, env = "CONTRAIL_CONFIG_FILE")]
-    config: Option<PathBuf>,
-    /// Print the effective configuration (secrets redacted) and exit.
-    #[arg(long)]
-    print_config: bool,
+    #[command(flatten)]
+    stage: contrail_common::stage::StageArgs,
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     contrail_common::stage::main(
         "ingest",
-        cli.config.as_deref(),
-        cli.print_config,
+        &cli.stage,
         |config: &IngestConfig| &config.telemetry,
         contrail_ingest::run,
     )
