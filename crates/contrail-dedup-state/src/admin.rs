@@ -230,10 +230,7 @@ impl admin::admin_service_server::AdminService for DedupAdmin {
                  local directory is missing: stop this instance, delete {} and start it again",
                 manifest.epoch,
                 manifest.partitions,
-                self.shards
-                    .shard_dir(-1)
-                    .with_file_name("shard-<partition>")
-                    .display()
+                self.shards.state_dir().join("shard-<partition>").display()
             ),
         }))
     }

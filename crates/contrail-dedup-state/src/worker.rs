@@ -147,10 +147,6 @@ pub struct ShardSet {
     /// Set when a shard failed to open or commit: the processing thread stops and the process exits
     /// (a restart recovers from the local directory or the checkpoint store).
     failed: Mutex<Option<String>>,
-    /// Records processed, for rates.
-    pub records_processed: AtomicU64,
-    /// Whether the first assignment happened.
-    pub assigned_once: AtomicBool,
     /// Counts shard opens (generations).
     opens: AtomicU64,
 }
@@ -193,8 +189,6 @@ impl ShardSet {
             rules,
             metrics,
             failed: Mutex::new(None),
-            records_processed: AtomicU64::new(0),
-            assigned_once: AtomicBool::new(false),
             opens: AtomicU64::new(0),
         })
     }
@@ -459,8 +453,6 @@ impl ShardSet {
         inner.unacknowledged += result.outputs.len();
         drop(inner);
         self.metrics.records.inc_by(result.records as u64);
-        self.records_processed
-            .fetch_add(result.records as u64, Ordering::Relaxed);
         self.metrics.evicted.inc_by(result.evicted as u64);
         self.metrics.commits.inc();
         self.metrics
@@ -519,16 +511,16 @@ impl ShardSet {
             .collect()
     }
 
-    /// Runs `read` on the shard holding `key`, if any owned shard has state for it.
+    /// Runs `read` over every owned shard (under the lock; keep it short).
     pub fn with_shards<R>(&self, read: impl FnOnce(&mut dyn Iterator<Item = &Shard>) -> R) -> R {
         let inner = self.lock();
         let mut shards = inner.shards.values().map(|owned| &owned.shard);
         read(&mut shards)
     }
 
-    /// The staging directory for local checkpoints.
-    pub fn staging_dir(&self) -> &Path {
-        &self.staging_dir
+    /// The directory holding the shard directories.
+    pub fn state_dir(&self) -> &Path {
+        &self.state_dir
     }
 }
 
@@ -585,7 +577,6 @@ impl ConsumerContext for GroupContext {
                 if let Err(error) = result {
                     self.shards.fail(format!("assign: {error}"));
                 }
-                self.shards.assigned_once.store(true, Ordering::Relaxed);
                 tracing::info!(partitions = ?assignment.elements().iter().map(|e| (e.partition(), e.offset())).collect::<Vec<_>>(), "partitions assigned at their stored offsets");
             }
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {

@@ -145,12 +145,7 @@ impl CheckpointStore {
         let _ = tokio::fs::remove_dir_all(&staging).await;
         tokio::fs::create_dir_all(&staging).await.map_err(store_error)?;
         let prefix = StorePath::from(checkpoint.location.as_str());
-        let objects: Vec<_> = self
-            .store
-            .list(Some(&prefix))
-            .try_collect()
-            .await
-            .map_err(store_error)?;
+        let objects = self.list_under(&prefix).await?;
         for object in objects {
             let Some(name) = object.location.filename() else {
                 continue;
@@ -215,15 +210,19 @@ impl CheckpointStore {
         Ok(manifests)
     }
 
+    /// Every object under `prefix`.
+    async fn list_under(&self, prefix: &StorePath) -> Result<Vec<object_store::ObjectMeta>, StateError> {
+        self.store
+            .list(Some(prefix))
+            .try_collect()
+            .await
+            .map_err(store_error)
+    }
+
     /// Deletes every object of `epoch`.
     pub async fn delete_epoch(&self, epoch: u64) -> Result<(), StateError> {
         let prefix = StorePath::from(epoch_prefix(epoch));
-        let objects: Vec<_> = self
-            .store
-            .list(Some(&prefix))
-            .try_collect()
-            .await
-            .map_err(store_error)?;
+        let objects = self.list_under(&prefix).await?;
         for object in objects {
             self.store.delete(&object.location).await.map_err(store_error)?;
         }
