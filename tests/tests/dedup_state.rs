@@ -3,7 +3,7 @@
 //! (an instance leaves, the other takes its shards). Every test checks the outputs against the
 //! oracle of `contrail_integration_tests::dedup`, computed from the raw topic's records.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use contrail_flightdata::ReplayConfig;
@@ -11,7 +11,7 @@ use contrail_integration_tests::dedup::{
     DedupOptions, DedupTopics, DedupUnderTest, OracleRules, check_outputs, expect, produce_events,
     raw_records, replay_events, start_dedup_state,
 };
-use contrail_integration_tests::{create_topics, read_topic, shared_broker, unique};
+use contrail_integration_tests::{Moments, create_topics, read_topic, shared_broker, test_dir, unique};
 use rdkafka::message::OwnedMessage;
 
 fn feed_config(seed: u64) -> ReplayConfig {
@@ -86,24 +86,6 @@ fn upload_in_progress(
         .map(|(epoch, _)| epoch)
 }
 
-/// A small deterministic generator for kill moments (the seed is printed for reproduction).
-struct Moments(u64);
-
-impl Moments {
-    fn next_ms(&mut self, low: u64, high: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        low + self.0 % (high - low)
-    }
-}
-
-fn test_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(unique(name));
-    std::fs::create_dir_all(&dir).expect("test dir");
-    dir
-}
-
 #[test]
 fn kill_9_at_random_moments_loses_nothing_and_doubles_nothing() {
     let broker = shared_broker();
@@ -140,12 +122,7 @@ fn kill_9_at_random_moments_loses_nothing_and_doubles_nothing() {
         }
     });
 
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|elapsed| elapsed.as_nanos() as u64 | 1)
-        .unwrap_or(0x2013);
-    println!("kill moments seed: {seed:#x}");
-    let mut moments = Moments(seed);
+    let mut moments = Moments::from_clock();
     let mut kills = 0;
     let mut kills_during_upload = 0;
     let started = Instant::now();

@@ -45,6 +45,39 @@ impl Default for KafkaConfig {
     }
 }
 
+/// Consumer group membership of a consuming stage (`[group]`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GroupConfig {
+    /// `group.id`.
+    pub id: String,
+    /// Static membership: `group.instance.id` = the stage's `instance`, so a restarting pod gets its
+    /// partitions back without a rebalance (Event Hubs and Kubernetes StatefulSets: on).
+    pub static_membership: bool,
+    /// `session.timeout.ms`: how long a silent member keeps its partitions.
+    pub session_timeout_ms: u64,
+    /// `partition.assignment.strategy`: `cooperative-sticky` (incremental) or `range`/`roundrobin`.
+    pub assignment_strategy: String,
+}
+
+impl GroupConfig {
+    /// The defaults with group id `id`.
+    pub fn with_id(id: &str) -> GroupConfig {
+        GroupConfig {
+            id: id.to_owned(),
+            static_membership: false,
+            session_timeout_ms: 10_000,
+            assignment_strategy: "cooperative-sticky".to_owned(),
+        }
+    }
+}
+
+impl Default for GroupConfig {
+    fn default() -> Self {
+        GroupConfig::with_id("contrail")
+    }
+}
+
 /// The namespace host of an Event Hubs connection string: `Endpoint=sb://HOST/;…` → `HOST`.
 pub fn event_hubs_host(connection_string: &str) -> Result<String, CommonError> {
     let endpoint = connection_string
@@ -117,6 +150,32 @@ impl KafkaConfig {
             config.set(key, value);
         }
         Ok(config)
+    }
+
+    /// librdkafka settings of a group consumer of `stage` whose offsets the stage manages itself
+    /// (no auto-commit, no auto offset store; new groups start at the earliest offset).
+    pub fn consumer_config(
+        &self,
+        stage: &str,
+        group: &GroupConfig,
+        instance: &str,
+    ) -> Result<ClientConfig, CommonError> {
+        let mut client = self.client_config(stage)?;
+        client
+            .set("group.id", &group.id)
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("auto.offset.reset", "earliest")
+            .set("session.timeout.ms", group.session_timeout_ms.to_string())
+            .set("partition.assignment.strategy", &group.assignment_strategy)
+            .set("enable.partition.eof", "false");
+        if group.static_membership {
+            client.set("group.instance.id", instance);
+        }
+        for (key, value) in &self.properties {
+            client.set(key, value);
+        }
+        Ok(client)
     }
 }
 

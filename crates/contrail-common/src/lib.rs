@@ -7,6 +7,7 @@
 //! from [`kafka::KafkaConfig`] (plain brokers or the Azure Event Hubs profile), and checks bearer
 //! tokens with [`auth::BearerTokens`].
 
+pub mod admin;
 pub mod auth;
 pub mod config;
 pub mod error;

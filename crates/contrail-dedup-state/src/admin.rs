@@ -125,6 +125,7 @@ impl admin::admin_service_server::AdminService for DedupAdmin {
             events_per_second: self.metrics.records.get() as f64 / uptime,
             sources: Vec::new(),
             in_flight: self.shards.unacknowledged() as u64,
+            leases: Vec::new(),
         }))
     }
 

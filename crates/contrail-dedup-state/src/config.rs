@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use contrail_common::auth::AuthConfig;
 use contrail_common::config::ListenConfig;
-use contrail_common::kafka::KafkaConfig;
+use contrail_common::kafka::{GroupConfig, KafkaConfig};
 use contrail_common::telemetry::TelemetryConfig;
 use contrail_dedup::flight::Rules;
 use serde::{Deserialize, Serialize};
@@ -49,7 +49,7 @@ impl Default for DedupStateConfig {
             telemetry: TelemetryConfig::default(),
             kafka: KafkaConfig::default(),
             topics: TopicsConfig::default(),
-            group: GroupConfig::default(),
+            group: GroupConfig::with_id("contrail-dedup-state"),
             state_dir: PathBuf::from("./data/dedup-state/shards"),
             checkpoint_url: "./data/dedup-state/checkpoints".to_owned(),
             checkpoint: CheckpointConfig::default(),
@@ -93,32 +93,6 @@ impl Default for TopicsConfig {
             dlq: "ops.events.dlq".to_owned(),
             create: true,
             partitions: 4,
-        }
-    }
-}
-
-/// Consumer group membership.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct GroupConfig {
-    /// `group.id`.
-    pub id: String,
-    /// Static membership: `group.instance.id` = `instance`, so a restarting pod gets its partitions
-    /// back without a rebalance (Event Hubs and Kubernetes StatefulSets: on).
-    pub static_membership: bool,
-    /// `session.timeout.ms`: how long a silent member keeps its partitions.
-    pub session_timeout_ms: u64,
-    /// `partition.assignment.strategy`: `cooperative-sticky` (incremental) or `range`/`roundrobin`.
-    pub assignment_strategy: String,
-}
-
-impl Default for GroupConfig {
-    fn default() -> Self {
-        GroupConfig {
-            id: "contrail-dedup-state".to_owned(),
-            static_membership: false,
-            session_timeout_ms: 10_000,
-            assignment_strategy: "cooperative-sticky".to_owned(),
         }
     }
 }

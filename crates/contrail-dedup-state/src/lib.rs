@@ -59,22 +59,9 @@ pub fn producer_config(config: &DedupStateConfig) -> Result<ClientConfig, DedupS
 /// librdkafka settings of the group consumer. Offsets are never auto-committed: the offset of
 /// record is the one stored in each shard.
 pub fn consumer_config(config: &DedupStateConfig) -> Result<ClientConfig, DedupStateError> {
-    let mut client = config.kafka.client_config("dedup-state")?;
-    client
-        .set("group.id", &config.group.id)
-        .set("enable.auto.commit", "false")
-        .set("enable.auto.offset.store", "false")
-        .set("auto.offset.reset", "earliest")
-        .set("session.timeout.ms", config.group.session_timeout_ms.to_string())
-        .set("partition.assignment.strategy", &config.group.assignment_strategy)
-        .set("enable.partition.eof", "false");
-    if config.group.static_membership {
-        client.set("group.instance.id", &config.instance);
-    }
-    for (key, value) in &config.kafka.properties {
-        client.set(key, value);
-    }
-    Ok(client)
+    Ok(config
+        .kafka
+        .consumer_config("dedup-state", &config.group, &config.instance)?)
 }
 
 /// Runs the stage until `shutdown`.

@@ -292,6 +292,7 @@ impl admin::admin_service_server::AdminService for IngestAdmin {
             counters,
             sources: self.sources.status(),
             in_flight: self.pipeline.in_flight() as u64,
+            leases: Vec::new(),
         }))
     }
 

@@ -1,0 +1,319 @@
+//! A local Azure Cosmos DB endpoint for development and tests — never a dependency of a production
+//! stage.
+//!
+//! The real service and its Docker emulator are out of reach on a developer machine without Docker.
+//! `azure_data_cosmos_driver` ships Microsoft's own in-memory emulator (feature
+//! `__internal_in_memory_emulator`, pinned exactly with the client); it normally replaces the HTTP
+//! transport inside one process. This crate puts it behind a small HTTP server instead: every
+//! request is handed to [`InMemoryEmulatorHttpClient::execute_request`] and its response sent back.
+//! The virtual region's gateway URL is the server's own address, so the account discovery at
+//! `GET /` points clients back here, and separate processes using the ordinary client share one
+//! account (the stages, their tests and the change feed reader all see the same store).
+//!
+//! One addition to the emulator: it keeps no per-document log sequence number, while the real
+//! service puts `_lsn` into every document and change feed item (contrail identifies a change by
+//! `(id, _lsn)`). This server stamps each document body it receives in a create, upsert or replace
+//! with `_lsn` from a process-wide counter — unique and increasing per write, which is what the
+//! pipeline relies on (the service's `_lsn` is increasing per physical partition).
+//!
+//! Limits (the emulator's): state is in memory only; the change feed keeps only the latest
+//! version of each document (as the service's latest-version mode does between polls).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use anyhow::Context;
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use azure_data_cosmos_driver::in_memory_emulator::{
+    InMemoryEmulatorHttpClient, VirtualAccountConfig, VirtualRegion,
+};
+
+/// Largest request body accepted (Cosmos' own limit for a document is 2 MiB).
+const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
+
+/// Command-line options of `cosmos-dev`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Options {
+    /// Address to listen on. Loopback only by default: the client accepts plain http only for
+    /// localhost / 127.0.0.1 / [::1].
+    #[arg(long, default_value = "127.0.0.1:8900", env = "CONTRAIL_COSMOS_DEV_LISTEN")]
+    pub listen: String,
+    /// Name of the emulated region (clients route with `RoutingStrategy::ProximityTo`).
+    #[arg(long, default_value = "East US")]
+    pub region: String,
+    /// Write the bound address (`127.0.0.1:PORT`) to this file once listening (useful with port 0).
+    #[arg(long)]
+    pub address_file: Option<std::path::PathBuf>,
+}
+
+/// Request counters, shown at `GET /_dev/stats`.
+#[derive(Default)]
+struct Stats {
+    requests: AtomicU64,
+    writes: AtomicU64,
+    errors: AtomicU64,
+}
+
+struct DevState {
+    emulator: InMemoryEmulatorHttpClient,
+    base: url::Url,
+    lsn: AtomicU64,
+    stats: Stats,
+}
+
+/// Binds, prints the endpoint and serves until SIGINT/SIGTERM.
+pub async fn serve(options: Options) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(&options.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", options.listen))?;
+    let address: SocketAddr = listener.local_addr().context("local address")?;
+    let base = url::Url::parse(&format!("http://{address}/")).context("endpoint URL")?;
+    let region = VirtualRegion::new(&options.region, base.clone());
+    let config = VirtualAccountConfig::new(vec![region])
+        .map_err(|error| anyhow::anyhow!("emulator account: {error}"))?;
+    let emulator =
+        InMemoryEmulatorHttpClient::try_new(config).map_err(|error| anyhow::anyhow!("emulator: {error}"))?;
+    let state = Arc::new(DevState {
+        emulator,
+        base: base.clone(),
+        lsn: AtomicU64::new(0),
+        stats: Stats::default(),
+    });
+    let app = Router::new()
+        .route("/_dev/healthz", get(|| async { "ok\n" }))
+        .route("/_dev/stats", get(stats))
+        .fallback(forward)
+        .with_state(state);
+    if let Some(path) = &options.address_file {
+        std::fs::write(path, address.to_string())
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    tracing::info!(endpoint = %base, region = %options.region, "cosmos-dev serving the in-memory emulator");
+    println!("cosmos-dev listening on {base}");
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async {
+            let interrupt = tokio::signal::ctrl_c();
+            #[cfg(unix)]
+            {
+                let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                {
+                    Ok(term) => term,
+                    Err(_) => return std::future::pending().await,
+                };
+                tokio::select! { _ = interrupt => {}, _ = term.recv() => {} }
+            }
+            #[cfg(not(unix))]
+            let _ = interrupt.await;
+        })
+        .await
+        .context("serve")
+}
+
+async fn stats(State(state): State<Arc<DevState>>) -> impl IntoResponse {
+    let body = serde_json::json!({
+        "requests": state.stats.requests.load(Ordering::Relaxed),
+        "writes": state.stats.writes.load(Ordering::Relaxed),
+        "errors": state.stats.errors.load(Ordering::Relaxed),
+        "lastLsn": state.lsn.load(Ordering::Relaxed),
+    });
+    axum::Json(body)
+}
+
+/// Whether a request writes a whole document: create/upsert (`POST …/docs`) or replace
+/// (`PUT …/docs/{id}`). Queries (also `POST …/docs`) and batches carry other bodies.
+fn is_document_write(method: &http::Method, path: &str, headers: &http::HeaderMap) -> bool {
+    let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let is_query = headers
+        .get("x-ms-documentdb-isquery")
+        .is_some_and(|value| value.as_bytes().eq_ignore_ascii_case(b"true"))
+        || headers
+            .get(http::header::CONTENT_TYPE)
+            .is_some_and(|value| value.as_bytes().starts_with(b"application/query+json"));
+    let is_batch = headers.contains_key("x-ms-cosmos-is-batch-request");
+    match *method {
+        http::Method::POST => {
+            segments.len() == 5 && segments[0] == "dbs" && segments[4] == "docs" && !is_query && !is_batch
+        }
+        http::Method::PUT => segments.len() == 6 && segments[0] == "dbs" && segments[4] == "docs",
+        _ => false,
+    }
+}
+
+/// Stamps `_lsn` into a document body — text JSON or Cosmos binary JSON (the client's default
+/// encoding), answered in the same encoding; other bodies are returned unchanged (`None`).
+fn stamp_lsn(body: &[u8], lsn: u64) -> Option<Vec<u8>> {
+    use azure_data_cosmos_driver::binary_json;
+    let binary = binary_json::is_binary(body);
+    let mut value: serde_json::Value = if binary {
+        binary_json::decode(body).ok()?
+    } else if body.first() == Some(&b'{') {
+        serde_json::from_slice(body).ok()?
+    } else {
+        return None;
+    };
+    value
+        .as_object_mut()?
+        .insert("_lsn".to_owned(), serde_json::Value::from(lsn));
+    if binary {
+        Some(binary_json::encode(&value))
+    } else {
+        serde_json::to_vec(&value).ok()
+    }
+}
+
+fn method_of(method: &http::Method) -> Option<azure_core::http::Method> {
+    Some(match *method {
+        http::Method::GET => azure_core::http::Method::Get,
+        http::Method::POST => azure_core::http::Method::Post,
+        http::Method::PUT => azure_core::http::Method::Put,
+        http::Method::DELETE => azure_core::http::Method::Delete,
+        http::Method::PATCH => azure_core::http::Method::Patch,
+        http::Method::HEAD => azure_core::http::Method::Head,
+        _ => return None,
+    })
+}
+
+fn plain(status: http::StatusCode, message: String) -> Response {
+    (status, message).into_response()
+}
+
+async fn forward(State(state): State<Arc<DevState>>, request: Request) -> Response {
+    state.stats.requests.fetch_add(1, Ordering::Relaxed);
+    let (parts, body) = request.into_parts();
+    let Some(method) = method_of(&parts.method) else {
+        return plain(
+            http::StatusCode::METHOD_NOT_ALLOWED,
+            format!("method {} is not part of the Cosmos DB API", parts.method),
+        );
+    };
+    let body = match axum::body::to_bytes(body, MAX_BODY_BYTES).await {
+        Ok(body) => body,
+        Err(error) => {
+            return plain(
+                http::StatusCode::PAYLOAD_TOO_LARGE,
+                format!("request body unreadable or over {MAX_BODY_BYTES} bytes: {error}"),
+            );
+        }
+    };
+    let path_and_query = parts.uri.path_and_query().map(|pq| pq.as_str()).unwrap_or("/");
+    let url = match state.base.join(path_and_query.trim_start_matches('/')) {
+        Ok(url) => url,
+        Err(error) => {
+            return plain(
+                http::StatusCode::BAD_REQUEST,
+                format!("bad request path {path_and_query:?}: {error}"),
+            );
+        }
+    };
+    let mut core_request = azure_core::http::Request::new(url, method);
+    for (name, value) in &parts.headers {
+        if let Ok(value) = value.to_str() {
+            core_request.insert_header(name.as_str().to_owned(), value.to_owned());
+        }
+    }
+    let mut payload = body.to_vec();
+    if is_document_write(&parts.method, parts.uri.path(), &parts.headers) {
+        let lsn = state.lsn.fetch_add(1, Ordering::Relaxed) + 1;
+        if let Some(stamped) = stamp_lsn(&payload, lsn) {
+            payload = stamped;
+            state.stats.writes.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    core_request.set_body(payload);
+    let response = match state.emulator.execute_request(&core_request).await {
+        Ok(response) => response,
+        Err(error) => {
+            state.stats.errors.fetch_add(1, Ordering::Relaxed);
+            return plain(http::StatusCode::BAD_GATEWAY, format!("emulator: {error}"));
+        }
+    };
+    let raw = match response.try_into_raw_response().await {
+        Ok(raw) => raw,
+        Err(error) => {
+            state.stats.errors.fetch_add(1, Ordering::Relaxed);
+            return plain(http::StatusCode::BAD_GATEWAY, format!("emulator body: {error}"));
+        }
+    };
+    let status = http::StatusCode::from_u16(u16::from(raw.status()))
+        .unwrap_or(http::StatusCode::INTERNAL_SERVER_ERROR);
+    let mut builder = Response::builder().status(status);
+    for (name, value) in raw.headers().iter() {
+        // The body is re-framed by the server; hop-by-hop framing headers must not be copied.
+        if name.as_str().eq_ignore_ascii_case("content-length")
+            || name.as_str().eq_ignore_ascii_case("transfer-encoding")
+        {
+            continue;
+        }
+        builder = builder.header(name.as_str(), value.as_str());
+    }
+    let body: bytes::Bytes = raw.into_body().into();
+    builder
+        .body(Body::from(body))
+        .unwrap_or_else(|error| plain(http::StatusCode::INTERNAL_SERVER_ERROR, error.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn document_writes_are_recognised() {
+        let none = http::HeaderMap::new();
+        let post = http::Method::POST;
+        let put = http::Method::PUT;
+        assert!(is_document_write(
+            &post,
+            "/dbs/contrail/colls/flights/docs",
+            &none
+        ));
+        assert!(is_document_write(
+            &put,
+            "/dbs/contrail/colls/flights/docs/AA-1",
+            &none
+        ));
+        assert!(!is_document_write(
+            &http::Method::GET,
+            "/dbs/contrail/colls/flights/docs/AA-1",
+            &none
+        ));
+        assert!(!is_document_write(&post, "/dbs/contrail/colls", &none));
+        let mut query = http::HeaderMap::new();
+        query.insert("x-ms-documentdb-isquery", http::HeaderValue::from_static("True"));
+        assert!(!is_document_write(
+            &post,
+            "/dbs/contrail/colls/flights/docs",
+            &query
+        ));
+        let mut batch = http::HeaderMap::new();
+        batch.insert(
+            "x-ms-cosmos-is-batch-request",
+            http::HeaderValue::from_static("True"),
+        );
+        assert!(!is_document_write(
+            &post,
+            "/dbs/contrail/colls/flights/docs",
+            &batch
+        ));
+    }
+
+    #[test]
+    fn lsn_is_stamped_into_objects_only() {
+        let stamped = stamp_lsn(br#"{"id":"a","version":3}"#, 42).expect("object");
+        let value: serde_json::Value = serde_json::from_slice(&stamped).expect("json");
+        assert_eq!(value["_lsn"], 42);
+        assert_eq!(value["version"], 3);
+        assert!(stamp_lsn(b"[1,2]", 1).is_none());
+        let binary =
+            azure_data_cosmos_driver::binary_json::encode(&serde_json::json!({"id": "b", "version": 2}));
+        let stamped = stamp_lsn(&binary, 7).expect("binary object");
+        let value = azure_data_cosmos_driver::binary_json::decode(&stamped).expect("binary");
+        assert_eq!(value["_lsn"], 7);
+        assert_eq!(value["id"], "b");
+        assert!(stamp_lsn(b"{not json", 1).is_none());
+    }
+}

@@ -1,0 +1,442 @@
+//! Azure Cosmos DB access shared by `cosmos-writer` and `changefeed-sync` (DESIGN §5): the
+//! `[cosmos]` config section, building the `azure_data_cosmos` client (account key or Entra ID),
+//! creating the database and containers when asked, and classifying errors into what a stage
+//! does next (retry, guard conflict, give up).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use azure_data_cosmos::fault_injection::{
+    FaultInjectionErrorType, FaultInjectionResultBuilder, FaultInjectionRuleBuilder,
+};
+use azure_data_cosmos::models::{ContainerProperties, PartitionKeyDefinition};
+use azure_data_cosmos::options::{OperationOptions, ThrottlingRetryOptions};
+use azure_data_cosmos::{
+    AccountEndpoint, AccountReference, ContainerClient, CosmosClient, CosmosClientBuilder, CosmosError,
+    RoutingStrategy,
+};
+use contrail_common::config::Secret;
+use serde::{Deserialize, Serialize};
+
+/// How the stage authenticates to Cosmos DB.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum CosmosAuth {
+    /// The account key in `cosmos.key` (`CONTRAIL_COSMOS__KEY`).
+    #[default]
+    Key,
+    /// Entra ID through AKS workload identity (`AZURE_CLIENT_ID`, `AZURE_TENANT_ID`,
+    /// `AZURE_FEDERATED_TOKEN_FILE`, set by the workload identity webhook).
+    WorkloadIdentity,
+    /// Entra ID through the managed identity of the node / VM.
+    ManagedIdentity,
+}
+
+/// Fault injection for resilience tests, through the SDK's own fault-injection layer. Off unless
+/// a probability is set; a stage logs a warning at start when it is on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct FaultInjectionConfig {
+    /// Probability (0..=1) that a request is answered with an injected 429 Too Many Requests.
+    pub throttle_probability: f32,
+    /// Probability (0..=1) that a request is answered with an injected 503 Service Unavailable.
+    pub unavailable_probability: f32,
+}
+
+/// The `[cosmos]` section of a stage's config.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CosmosConfig {
+    /// Account endpoint, `https://ACCOUNT.documents.azure.com:443/` (plain http only for localhost).
+    pub endpoint: String,
+    /// How to authenticate.
+    pub auth: CosmosAuth,
+    /// Account key (with `auth = "key"`). Secret: never logged.
+    pub key: Secret,
+    /// The region to prefer (requests go to the nearest available region from here).
+    pub region: String,
+    /// Database name.
+    pub database: String,
+    /// Serving container (partition key `/flightKey`).
+    pub flights_container: String,
+    /// Lease container of changefeed-sync (partition key `/id`).
+    pub leases_container: String,
+    /// Create the database and containers when missing (for local use; off in production, where
+    /// they are provisioned with their throughput by infrastructure code).
+    pub create_if_missing: bool,
+    /// Throughput (RU/s) for containers this stage creates; 0 = account default / serverless.
+    pub create_throughput: u32,
+    /// How often the SDK itself retries a 429 (honouring `x-ms-retry-after-ms`) before the stage
+    /// sees it and backs off on its own.
+    pub sdk_throttle_retries: u32,
+    /// Test-only fault injection.
+    pub fault_injection: FaultInjectionConfig,
+}
+
+impl Default for CosmosConfig {
+    fn default() -> Self {
+        CosmosConfig {
+            endpoint: "http://127.0.0.1:8900/".to_owned(),
+            auth: CosmosAuth::Key,
+            key: Secret::default(),
+            region: "East US".to_owned(),
+            database: "contrail".to_owned(),
+            flights_container: "flights".to_owned(),
+            leases_container: "leases".to_owned(),
+            create_if_missing: true,
+            create_throughput: 0,
+            sdk_throttle_retries: 9,
+            fault_injection: FaultInjectionConfig::default(),
+        }
+    }
+}
+
+/// Errors of the Cosmos layer.
+#[derive(Debug, thiserror::Error)]
+pub enum CosmosStoreError {
+    /// A configuration value is unusable; the message names it.
+    #[error("cosmos config: {0}")]
+    Config(String),
+    /// The service (or the network) answered with an error.
+    #[error("cosmos {operation}: {status} {message}")]
+    Service {
+        /// What was attempted.
+        operation: String,
+        /// HTTP status (0 = no response: transport failure).
+        status: u16,
+        /// Sub-status, when the service sent one.
+        sub_status: Option<u32>,
+        /// The SDK's message.
+        message: String,
+    },
+    /// A document could not be (de)serialised.
+    #[error("cosmos document {id}: {message}")]
+    Document {
+        /// Document id.
+        id: String,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// What to do about a failed request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorClass {
+    /// 429, 503, 408, 449, 410, 500, transport failures: back off and retry.
+    Retry,
+    /// 412 Precondition Failed: someone wrote in between; re-read and decide again.
+    PreconditionFailed,
+    /// 409 Conflict: created concurrently; re-read and decide again.
+    Conflict,
+    /// 404 Not Found.
+    NotFound,
+    /// Anything else (400, 401, 403, 413 …): retrying cannot help.
+    Fatal,
+}
+
+/// Classifies an HTTP status (0 = no response).
+pub fn classify_status(status: u16) -> ErrorClass {
+    match status {
+        412 => ErrorClass::PreconditionFailed,
+        409 => ErrorClass::Conflict,
+        404 => ErrorClass::NotFound,
+        0 | 408 | 410 | 429 | 449 | 500 | 502 | 503 | 504 => ErrorClass::Retry,
+        _ => ErrorClass::Fatal,
+    }
+}
+
+impl CosmosStoreError {
+    /// Wraps an SDK error for `operation`.
+    pub fn service(operation: impl Into<String>, error: &CosmosError) -> CosmosStoreError {
+        let status = error.status();
+        let code = u16::from(status.status_code());
+        CosmosStoreError::Service {
+            operation: operation.into(),
+            status: if error.is_from_wire() { code } else { 0 },
+            sub_status: status.sub_status().map(|sub| u32::from(sub.value())),
+            message: error.to_string().lines().next().unwrap_or_default().to_owned(),
+        }
+    }
+
+    /// What to do about it.
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            CosmosStoreError::Service { status, .. } => classify_status(*status),
+            CosmosStoreError::Config(_) | CosmosStoreError::Document { .. } => ErrorClass::Fatal,
+        }
+    }
+
+    /// HTTP status, if the service answered.
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            CosmosStoreError::Service { status, .. } if *status != 0 => Some(*status),
+            _ => None,
+        }
+    }
+
+    /// Whether retrying later can succeed.
+    pub fn is_retryable(&self) -> bool {
+        self.class() == ErrorClass::Retry
+    }
+}
+
+/// The database's containers a stage uses.
+#[derive(Clone)]
+pub struct Containers {
+    /// The client (keeps the driver alive).
+    pub client: CosmosClient,
+    /// `flights`.
+    pub flights: ContainerClient,
+    /// `leases`.
+    pub leases: ContainerClient,
+}
+
+impl CosmosConfig {
+    /// Checks values that would otherwise fail later with a vaguer message.
+    pub fn validate(&self) -> Result<(), CosmosStoreError> {
+        if self.endpoint.trim().is_empty() {
+            return Err(CosmosStoreError::Config("cosmos.endpoint is empty".to_owned()));
+        }
+        if self.auth == CosmosAuth::Key && self.key.is_empty() {
+            return Err(CosmosStoreError::Config(
+                "cosmos.key is empty: set CONTRAIL_COSMOS__KEY (account key) or cosmos.auth = \
+                 \"workload_identity\" / \"managed_identity\""
+                    .to_owned(),
+            ));
+        }
+        for (name, probability) in [
+            ("throttle_probability", self.fault_injection.throttle_probability),
+            (
+                "unavailable_probability",
+                self.fault_injection.unavailable_probability,
+            ),
+        ] {
+            if !(0.0..=1.0).contains(&probability) {
+                return Err(CosmosStoreError::Config(format!(
+                    "cosmos.fault_injection.{name} = {probability}: must be between 0 and 1"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn fault_rules(&self) -> Vec<Arc<azure_data_cosmos::fault_injection::FaultInjectionRule>> {
+        let mut rules = Vec::new();
+        let faults = [
+            (
+                "contrail-throttle",
+                FaultInjectionErrorType::TooManyRequests,
+                self.fault_injection.throttle_probability,
+            ),
+            (
+                "contrail-unavailable",
+                FaultInjectionErrorType::ServiceUnavailable,
+                self.fault_injection.unavailable_probability,
+            ),
+        ];
+        for (id, error, probability) in faults {
+            if probability > 0.0 {
+                let result = FaultInjectionResultBuilder::new()
+                    .with_error(error)
+                    .with_probability(probability)
+                    .build();
+                rules.push(Arc::new(FaultInjectionRuleBuilder::new(id, result).build()));
+            }
+        }
+        rules
+    }
+
+    /// Builds the client. `stage` names the application in the user agent.
+    pub async fn connect(&self, stage: &str) -> Result<CosmosClient, CosmosStoreError> {
+        self.validate()?;
+        let endpoint: AccountEndpoint = self.endpoint.parse().map_err(|error| {
+            CosmosStoreError::Config(format!("cosmos.endpoint {:?}: {error}", self.endpoint))
+        })?;
+        let account = match self.auth {
+            CosmosAuth::Key => AccountReference::with_authentication_key(
+                endpoint,
+                azure_core::credentials::Secret::new(self.key.expose().to_owned()),
+            ),
+            CosmosAuth::WorkloadIdentity => {
+                let credential = azure_identity::WorkloadIdentityCredential::new(None)
+                    .map_err(|error| CosmosStoreError::Config(format!("workload identity: {error}")))?;
+                AccountReference::with_credential(endpoint, credential)
+            }
+            CosmosAuth::ManagedIdentity => {
+                let credential = azure_identity::ManagedIdentityCredential::new(None)
+                    .map_err(|error| CosmosStoreError::Config(format!("managed identity: {error}")))?;
+                AccountReference::with_credential(endpoint, credential)
+            }
+        };
+        let mut throttling = ThrottlingRetryOptions::default();
+        throttling.max_retry_count = Some(self.sdk_throttle_retries);
+        throttling.max_retry_wait_time = Some(Duration::from_secs(30));
+        let mut operation = OperationOptions::default();
+        operation.throttling_retry_options = Some(throttling);
+        let mut builder = CosmosClientBuilder::new().with_default_operation_options(operation);
+        let rules = self.fault_rules();
+        if !rules.is_empty() {
+            tracing::warn!(
+                stage,
+                throttle_probability = self.fault_injection.throttle_probability,
+                unavailable_probability = self.fault_injection.unavailable_probability,
+                "cosmos fault injection is ON (test setting)"
+            );
+            builder = builder
+                .with_fault_injection_rules(rules)
+                .map_err(|error| CosmosStoreError::service("fault injection rules", &error))?;
+        }
+        let region = azure_data_cosmos::options::Region::from(self.region.clone());
+        builder
+            .build(account, RoutingStrategy::ProximityTo(region))
+            .await
+            .map_err(|error| CosmosStoreError::service(format!("connect to {}", self.endpoint), &error))
+    }
+
+    /// Connects, creates what is missing when `create_if_missing`, and opens the containers;
+    /// retryable failures (throttling, a service still starting) are retried for up to a minute.
+    pub async fn open(&self, stage: &str) -> Result<Containers, CosmosStoreError> {
+        let mut attempt = 0;
+        loop {
+            match self.open_once(stage).await {
+                Err(error) if error.is_retryable() && attempt < 60 => {
+                    let delay = backoff(attempt.min(3));
+                    tracing::warn!(stage, %error, attempt, delay_ms = delay.as_millis() as u64, "cosmos setup failed; retrying");
+                    tokio::time::sleep(delay).await;
+                    attempt += 1;
+                }
+                result => return result,
+            }
+        }
+    }
+
+    async fn open_once(&self, stage: &str) -> Result<Containers, CosmosStoreError> {
+        let client = self.connect(stage).await?;
+        if self.create_if_missing {
+            self.create_missing(&client).await?;
+        }
+        let database = client.database_client(self.database.as_str());
+        let flights = database
+            .container_client(self.flights_container.as_str(), None)
+            .await
+            .map_err(|error| {
+                CosmosStoreError::service(format!("open container {}", self.flights_container), &error)
+            })?;
+        let leases = database
+            .container_client(self.leases_container.as_str(), None)
+            .await
+            .map_err(|error| {
+                CosmosStoreError::service(format!("open container {}", self.leases_container), &error)
+            })?;
+        Ok(Containers {
+            client,
+            flights,
+            leases,
+        })
+    }
+
+    async fn create_missing(&self, client: &CosmosClient) -> Result<(), CosmosStoreError> {
+        match client.create_database(&self.database, None).await {
+            Ok(_) => tracing::info!(database = %self.database, "database created"),
+            Err(error) if u16::from(error.status().status_code()) == 409 => {}
+            Err(error) => {
+                return Err(CosmosStoreError::service(
+                    format!("create database {}", self.database),
+                    &error,
+                ));
+            }
+        }
+        let database = client.database_client(self.database.as_str());
+        for (name, key_path) in [
+            (&self.flights_container, "/flightKey"),
+            (&self.leases_container, "/id"),
+        ] {
+            let partition_key = PartitionKeyDefinition::from(key_path);
+            let properties = ContainerProperties::new(name.clone(), partition_key);
+            let options = (self.create_throughput > 0).then(|| {
+                azure_data_cosmos::options::CreateContainerOptions::default().with_throughput(
+                    azure_data_cosmos::models::ThroughputProperties::manual(u64::from(
+                        self.create_throughput,
+                    )),
+                )
+            });
+            match database.create_container(properties, options).await {
+                Ok(_) => tracing::info!(container = %name, partition_key = key_path, "container created"),
+                Err(error) if u16::from(error.status().status_code()) == 409 => {}
+                Err(error) => {
+                    return Err(CosmosStoreError::service(
+                        format!("create container {name}"),
+                        &error,
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Exponential backoff for the stage's own retries: 100 ms doubling to at most 10 s.
+pub fn backoff(attempt: u32) -> Duration {
+    let millis = 100u64.saturating_mul(1u64 << attempt.min(7));
+    Duration::from_millis(millis.min(10_000))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_map_to_actions() {
+        assert_eq!(classify_status(429), ErrorClass::Retry);
+        assert_eq!(classify_status(503), ErrorClass::Retry);
+        assert_eq!(classify_status(408), ErrorClass::Retry);
+        assert_eq!(classify_status(0), ErrorClass::Retry);
+        assert_eq!(classify_status(412), ErrorClass::PreconditionFailed);
+        assert_eq!(classify_status(409), ErrorClass::Conflict);
+        assert_eq!(classify_status(404), ErrorClass::NotFound);
+        assert_eq!(classify_status(400), ErrorClass::Fatal);
+        assert_eq!(classify_status(401), ErrorClass::Fatal);
+        assert_eq!(classify_status(413), ErrorClass::Fatal);
+    }
+
+    #[test]
+    fn backoff_grows_and_is_capped() {
+        assert_eq!(backoff(0), Duration::from_millis(100));
+        assert_eq!(backoff(1), Duration::from_millis(200));
+        assert!(backoff(30) <= Duration::from_secs(10));
+    }
+
+    #[test]
+    fn config_errors_name_the_value() {
+        let config = CosmosConfig::default();
+        let error = config.validate().expect_err("no key");
+        assert!(error.to_string().contains("CONTRAIL_COSMOS__KEY"), "{error}");
+        let config = CosmosConfig {
+            key: Secret::new("k"),
+            fault_injection: FaultInjectionConfig {
+                throttle_probability: 1.5,
+                unavailable_probability: 0.0,
+            },
+            ..CosmosConfig::default()
+        };
+        let error = config.validate().expect_err("probability");
+        assert!(
+            error.to_string().contains("throttle_probability = 1.5"),
+            "{error}"
+        );
+        let config = CosmosConfig {
+            auth: CosmosAuth::WorkloadIdentity,
+            ..CosmosConfig::default()
+        };
+        config.validate().expect("entra needs no key");
+    }
+
+    #[test]
+    fn key_never_printed() {
+        let config = CosmosConfig {
+            key: Secret::new("c2VjcmV0a2V5"),
+            ..CosmosConfig::default()
+        };
+        assert!(!format!("{config:?}").contains("c2VjcmV0a2V5"));
+    }
+}

