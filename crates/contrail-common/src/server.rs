@@ -151,6 +151,68 @@ pub async fn serve_grpc(
         })
 }
 
+/// The two listeners of a stage, bound before anything else starts (a port in use fails early).
+pub struct Listeners {
+    /// HTTP: probes, metrics and the stage's HTTP API.
+    pub http: TcpListener,
+    /// gRPC: admin and the stage's services.
+    pub grpc: TcpListener,
+}
+
+impl Listeners {
+    /// Binds `listen.http` and `listen.grpc`.
+    pub async fn bind(listen: &crate::config::ListenConfig) -> Result<Listeners, CommonError> {
+        Ok(Listeners {
+            http: bind(&listen.http, "HTTP").await?,
+            grpc: bind(&listen.grpc, "gRPC").await?,
+        })
+    }
+}
+
+/// A stage's running HTTP and gRPC servers.
+pub struct Servers {
+    http: tokio::task::JoinHandle<Result<(), CommonError>>,
+    grpc: tokio::task::JoinHandle<Result<(), CommonError>>,
+}
+
+impl Servers {
+    /// Serves `http_routes` (plus the probes) and `grpc_routes` (plus health and reflection, with
+    /// `serving_names` reported SERVING) until `shutdown`.
+    pub fn spawn(
+        listeners: Listeners,
+        http_routes: Router,
+        grpc_routes: tonic::service::Routes,
+        serving_names: &'static [&'static str],
+        health: &Health,
+        metrics: MetricsRegistry,
+        shutdown: &Shutdown,
+    ) -> Servers {
+        let grpc_shutdown = shutdown.clone();
+        let grpc = tokio::spawn(async move {
+            serve_grpc(listeners.grpc, grpc_routes, serving_names, grpc_shutdown).await
+        });
+        let http = tokio::spawn(serve_http(
+            listeners.http,
+            http_routes,
+            health.clone(),
+            metrics,
+            shutdown.clone(),
+        ));
+        Servers { http, grpc }
+    }
+
+    /// Waits until both have stopped (after the shutdown was triggered); failures are logged.
+    pub async fn join(self) {
+        for (name, task) in [("grpc", self.grpc), ("http", self.http)] {
+            match task.await {
+                Ok(Ok(())) => {}
+                Ok(Err(error)) => tracing::error!(server = name, %error, "server failed"),
+                Err(error) => tracing::error!(server = name, %error, "server task panicked"),
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

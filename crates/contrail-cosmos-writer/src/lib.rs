@@ -41,11 +41,6 @@ pub use error::CosmosWriterError;
 use crate::metrics::WriterMetrics;
 use crate::writer::{DocumentWriter, Outcome, WriteError};
 
-/// A decoded record: the flight key, its version, the document, and where it came from.
-struct Decoded {
-    document: serde_json::Value,
-}
-
 /// Offsets committed by this instance (next offset to read, per partition).
 #[derive(Default)]
 struct Progress {
@@ -118,15 +113,7 @@ impl StageStatus for WriterStatus {
             ("dead_letters_total", m.dead_letters.get() as f64),
             ("request_units_total", m.request_units.get()),
             ("batches_total", m.batches.get() as f64),
-            (
-                "retries_total",
-                m.retries
-                    .with_label_values(&["429"])
-                    .get()
-                    .saturating_add(m.retries.with_label_values(&["503"]).get())
-                    .saturating_add(m.retries.with_label_values(&["412"]).get())
-                    .saturating_add(m.retries.with_label_values(&["409"]).get()) as f64,
-            ),
+            ("retries_total", m.total_retries()),
         ]
         .into_iter()
         .map(|(name, value)| (name.to_owned(), value))
@@ -209,8 +196,7 @@ pub async fn run(config: CosmosWriterConfig, shutdown: Shutdown) -> Result<(), C
     let progress = Arc::new(Progress::default());
     let paused = Arc::new(AtomicBool::new(false));
 
-    let http_listener = server::bind(&config.listen.http, "HTTP").await?;
-    let grpc_listener = server::bind(&config.listen.grpc, "gRPC").await?;
+    let listeners = server::Listeners::bind(&config.listen).await?;
     let admin = StreamAdmin::new(
         "cosmos-writer",
         "cosmos-writer keeps no checkpoints or key state: its progress is the consumer group's \
@@ -232,28 +218,15 @@ pub async fn run(config: CosmosWriterConfig, shutdown: Shutdown) -> Result<(), C
         admin,
         tokens.grpc_interceptor(),
     ));
-    let grpc_shutdown = shutdown.clone();
-    let grpc = tokio::spawn(async move {
-        server::serve_grpc(
-            grpc_listener,
-            routes,
-            &["contrail.admin.v1.AdminService"],
-            grpc_shutdown,
-        )
-        .await
-    });
-    let http_shutdown = shutdown.clone();
-    let http_health = health.clone();
-    let http = tokio::spawn(async move {
-        server::serve_http(
-            http_listener,
-            axum::Router::new(),
-            http_health,
-            registry,
-            http_shutdown,
-        )
-        .await
-    });
+    let servers = server::Servers::spawn(
+        listeners,
+        axum::Router::new(),
+        routes,
+        &["contrail.admin.v1.AdminService"],
+        &health,
+        registry,
+        &shutdown,
+    );
     health.set_ready(true);
     tracing::info!(instance = %config.instance, endpoint = %config.cosmos.endpoint, "cosmos-writer running");
 
@@ -271,8 +244,7 @@ pub async fn run(config: CosmosWriterConfig, shutdown: Shutdown) -> Result<(), C
     health.set_ready(false);
     shutdown.trigger();
     consumer.unsubscribe();
-    let _ = grpc.await;
-    let _ = http.await;
+    servers.join().await;
     result
 }
 
@@ -338,7 +310,8 @@ impl Loop<'_> {
         }
     }
 
-    fn decode(&self, message: &OwnedMessage) -> Result<Decoded, String> {
+    /// The record as `(flight key, version, serving document)`, or why it is not a flight state.
+    fn decode(&self, message: &OwnedMessage) -> Result<(String, u64, serde_json::Value), String> {
         let key = message
             .key()
             .map(|key| String::from_utf8_lossy(key).into_owned())
@@ -358,9 +331,8 @@ impl Loop<'_> {
         if state.version == 0 {
             return Err(format!("FlightState {} has version 0", state.flight_key));
         }
-        Ok(Decoded {
-            document: flight_document(&state),
-        })
+        let document = flight_document(&state);
+        Ok((state.flight_key, state.version, document))
     }
 
     async fn dead_letter(&self, message: &OwnedMessage, reason: String) -> Result<(), WriteError> {
@@ -401,11 +373,7 @@ impl Loop<'_> {
         let mut items = Vec::with_capacity(batch.len());
         for message in batch {
             match self.decode(message) {
-                Ok(decoded) => {
-                    let key = decoded.document["id"].as_str().unwrap_or_default().to_owned();
-                    let version = decoded.document["version"].as_u64().unwrap_or_default();
-                    items.push((key, version, (decoded, message)));
-                }
+                Ok((key, version, document)) => items.push((key, version, (document, message))),
                 Err(reason) => self.dead_letter(message, reason).await?,
             }
         }
@@ -416,11 +384,8 @@ impl Loop<'_> {
         let stopping = &stopping;
         let results: Vec<(Result<Outcome, WriteError>, &OwnedMessage)> =
             futures::stream::iter(survivors.into_iter().map(
-                |(key, version, (decoded, message))| async move {
-                    let outcome = self
-                        .writer
-                        .write(&key, version, &decoded.document, stopping)
-                        .await;
+                |(key, version, (document, message))| async move {
+                    let outcome = self.writer.write(&key, version, &document, stopping).await;
                     (outcome, message)
                 },
             ))

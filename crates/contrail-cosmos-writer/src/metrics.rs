@@ -85,4 +85,15 @@ impl WriterMetrics {
         registry.register(&metrics.write_seconds);
         metrics
     }
+
+    /// Retries of every cause together.
+    pub fn total_retries(&self) -> f64 {
+        use prometheus::core::Collector;
+        self.retries
+            .collect()
+            .iter()
+            .flat_map(|family| family.get_metric())
+            .map(|metric| metric.get_counter().get_value())
+            .sum()
+    }
 }

@@ -184,7 +184,9 @@ impl DocumentWriter {
             Some(entry) if entry.0 < version => Some(entry),
             _ => self.read(key).await?,
         };
-        match decide(stored.as_ref().map(|(stored, _)| *stored), version) {
+        let decision = decide(stored.as_ref().map(|(stored, _)| *stored), version);
+        tracing::debug!(flight_key = key, version, stored = ?stored.as_ref().map(|(stored, _)| *stored), ?decision, "guard");
+        match decision {
             Decision::SkipStale => Ok(Some(Outcome::Stale)),
             Decision::Create => match self
                 .container
@@ -225,7 +227,8 @@ impl DocumentWriter {
                         let error = CosmosStoreError::service(format!("replace {key}"), &error);
                         match error.class() {
                             ErrorClass::PreconditionFailed | ErrorClass::NotFound => {
-                                self.metrics.retries.with_label_values(&["412"]).inc();
+                                let cause = error.status().unwrap_or(412).to_string();
+                                self.metrics.retries.with_label_values(&[&cause]).inc();
                                 Ok(None)
                             }
                             _ => Err(error),

@@ -108,9 +108,9 @@ pub async fn run(config: DedupStateConfig, shutdown: Shutdown) -> Result<(), Ded
             .map_err(|error| DedupStateError::Broker(format!("metadata client: {error}")))?,
     );
 
-    let http_listener = server::bind(&config.listen.http, "HTTP").await?;
-    let grpc_listener = server::bind(&config.listen.grpc, "gRPC").await?;
-    let grpc_port = grpc_listener
+    let listeners = server::Listeners::bind(&config.listen).await?;
+    let grpc_port = listeners
+        .grpc
         .local_addr()
         .map(|address| address.port())
         .unwrap_or(0);
@@ -182,31 +182,18 @@ pub async fn run(config: DedupStateConfig, shutdown: Shutdown) -> Result<(), Ded
         control,
         tokens.grpc_interceptor(),
     ));
-    let grpc_shutdown = shutdown.clone();
-    let grpc = tokio::spawn(async move {
-        server::serve_grpc(
-            grpc_listener,
-            routes,
-            &[
-                "contrail.admin.v1.AdminService",
-                "contrail.control.v1.CheckpointControl",
-            ],
-            grpc_shutdown,
-        )
-        .await
-    });
-    let http_shutdown = shutdown.clone();
-    let http_health = health.clone();
-    let http = tokio::spawn(async move {
-        server::serve_http(
-            http_listener,
-            axum::Router::new(),
-            http_health,
-            registry,
-            http_shutdown,
-        )
-        .await
-    });
+    let servers = server::Servers::spawn(
+        listeners,
+        axum::Router::new(),
+        routes,
+        &[
+            "contrail.admin.v1.AdminService",
+            "contrail.control.v1.CheckpointControl",
+        ],
+        &health,
+        registry,
+        &shutdown,
+    );
 
     if let Some(coordinator) = &coordinator
         && config.checkpoint.interval_ms > 0
@@ -273,7 +260,6 @@ pub async fn run(config: DedupStateConfig, shutdown: Shutdown) -> Result<(), Ded
             "the processing thread panicked".to_owned(),
         ))
     });
-    let _ = grpc.await;
-    let _ = http.await;
+    servers.join().await;
     result
 }
