@@ -231,6 +231,37 @@ pub fn compare_documents(
     problems
 }
 
+/// Settings of a cosmos-writer reading `topic` as group `group` against `dev` (static membership,
+/// so a restart after `kill -9` gets its partitions back without waiting for the session timeout).
+pub fn writer_env(brokers: &str, topic: &str, group: &str, dev: &CosmosDev) -> Vec<(String, String)> {
+    let mut env = vec![
+        ("CONTRAIL_KAFKA__BROKERS".to_owned(), brokers.to_owned()),
+        ("CONTRAIL_TOPICS__CURATED".to_owned(), topic.to_owned()),
+        ("CONTRAIL_TOPICS__DLQ".to_owned(), format!("{topic}.dlq")),
+        ("CONTRAIL_GROUP__ID".to_owned(), group.to_owned()),
+        ("CONTRAIL_GROUP__SESSION_TIMEOUT_MS".to_owned(), "6000".to_owned()),
+        ("CONTRAIL_GROUP__STATIC_MEMBERSHIP".to_owned(), "true".to_owned()),
+        ("CONTRAIL_INSTANCE".to_owned(), "cosmos-writer-0".to_owned()),
+    ];
+    env.extend(dev.env());
+    env
+}
+
+/// Settings of changefeed-sync instance `instance` publishing to `topic`, with short lease timing
+/// (renew 0.5 s, expiry 3 s, poll 0.2 s).
+pub fn sync_env(brokers: &str, topic: &str, instance: &str, dev: &CosmosDev) -> Vec<(String, String)> {
+    let mut env = vec![
+        ("CONTRAIL_KAFKA__BROKERS".to_owned(), brokers.to_owned()),
+        ("CONTRAIL_TOPICS__CHANGES".to_owned(), topic.to_owned()),
+        ("CONTRAIL_INSTANCE".to_owned(), instance.to_owned()),
+        ("CONTRAIL_LEASES__RENEW_INTERVAL_MS".to_owned(), "500".to_owned()),
+        ("CONTRAIL_LEASES__EXPIRY_MS".to_owned(), "3000".to_owned()),
+        ("CONTRAIL_LEASES__POLL_INTERVAL_MS".to_owned(), "200".to_owned()),
+    ];
+    env.extend(dev.env());
+    env
+}
+
 /// A stage process (cosmos-writer or changefeed-sync) with its admin API.
 pub struct CosmosStage {
     /// The process.
@@ -316,12 +347,64 @@ impl CosmosStage {
         })
     }
 
+    /// Waits until a consuming stage has committed every partition of `topic` up to its end. The
+    /// ends are read from the topic here (`records` = how many it holds): the local broker's
+    /// high watermarks (ListOffsets) were seen below offsets already committed, so the stage's own
+    /// lag cannot tell "caught up".
+    pub fn wait_committed(
+        &mut self,
+        brokers: &str,
+        topic: &str,
+        records: usize,
+        timeout: Duration,
+    ) -> Result<()> {
+        let messages = crate::read_topic(brokers, topic, records, Duration::from_secs(120))?;
+        if messages.len() < records {
+            bail!("{topic} holds {} records, expected {records}", messages.len());
+        }
+        let mut ends: BTreeMap<i32, i64> = BTreeMap::new();
+        for message in &messages {
+            use rdkafka::Message as _;
+            let end = ends.entry(message.partition()).or_insert(0);
+            *end = (*end).max(message.offset() + 1);
+        }
+        let deadline = Instant::now() + timeout;
+        let mut last = None;
+        while Instant::now() < deadline {
+            if !self.process.is_running() {
+                bail!("{} exited:\n{}", self.binary, self.process.log());
+            }
+            if let Ok(status) = self.status() {
+                let committed: BTreeMap<i32, i64> = status
+                    .partitions
+                    .iter()
+                    .map(|p| (p.partition, p.committed_offset))
+                    .collect();
+                if ends
+                    .iter()
+                    .all(|(partition, end)| committed.get(partition) >= Some(end))
+                {
+                    return Ok(());
+                }
+                last = Some(committed);
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        bail!(
+            "{} has not committed up to {ends:?} after {timeout:?}: {last:?}\n{}",
+            self.binary,
+            self.process.log()
+        )
+    }
+
+    /// The `/metrics` text.
+    pub fn metrics_text(&self) -> String {
+        http_get(&format!("{}/metrics", self.http_url)).unwrap_or_default()
+    }
+
     /// A metric's value from `/metrics` (sum over label sets whose line contains `filter`).
     pub fn metric(&self, name: &str, filter: &str) -> f64 {
-        let Ok(response) = http_get(&format!("{}/metrics", self.http_url)) else {
-            return 0.0;
-        };
-        response
+        self.metrics_text()
             .lines()
             .filter(|line| line.starts_with(name) && line.contains(filter))
             .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())

@@ -6,24 +6,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use contrail_integration_tests::cosmos::{CosmosDev, CosmosStage, containers_at, point_read};
+use contrail_integration_tests::cosmos::{CosmosDev, CosmosStage, containers_at, point_read, sync_env};
 use contrail_integration_tests::{Moments, create_topics, read_topic, shared_broker, test_dir, unique};
 use contrail_proto::v1::ServingChange;
 use prost::Message as _;
 use rdkafka::message::Message as _;
-
-fn sync_env(brokers: &str, topic: &str, instance: &str, dev: &CosmosDev) -> Vec<(String, String)> {
-    let mut env = vec![
-        ("CONTRAIL_KAFKA__BROKERS".to_owned(), brokers.to_owned()),
-        ("CONTRAIL_TOPICS__CHANGES".to_owned(), topic.to_owned()),
-        ("CONTRAIL_INSTANCE".to_owned(), instance.to_owned()),
-        ("CONTRAIL_LEASES__RENEW_INTERVAL_MS".to_owned(), "500".to_owned()),
-        ("CONTRAIL_LEASES__EXPIRY_MS".to_owned(), "3000".to_owned()),
-        ("CONTRAIL_LEASES__POLL_INTERVAL_MS".to_owned(), "200".to_owned()),
-    ];
-    env.extend(dev.env());
-    env
-}
 
 /// The id (= flight key) of test document `flight`.
 fn flight_key(flight: usize) -> String {

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use contrail_flightdata::ReplayConfig;
 use contrail_integration_tests::cosmos::{
     CosmosDev, CosmosStage, compare_documents, curated_stream, expected_documents, produce_states,
-    read_documents,
+    read_documents, writer_env,
 };
 use contrail_integration_tests::dedup::replay_events;
 use contrail_integration_tests::{Moments, create_topics, shared_broker, test_dir, unique};
@@ -20,49 +20,6 @@ fn feed(seed: u64) -> ReplayConfig {
         straggler_rate: 0.01,
         straggler_delay: chrono::Duration::hours(3),
     }
-}
-
-fn writer_env(brokers: &str, topic: &str, group: &str, dev: &CosmosDev) -> Vec<(String, String)> {
-    let mut env = vec![
-        ("CONTRAIL_KAFKA__BROKERS".to_owned(), brokers.to_owned()),
-        ("CONTRAIL_TOPICS__CURATED".to_owned(), topic.to_owned()),
-        ("CONTRAIL_TOPICS__DLQ".to_owned(), format!("{topic}.dlq")),
-        ("CONTRAIL_GROUP__ID".to_owned(), group.to_owned()),
-        ("CONTRAIL_GROUP__SESSION_TIMEOUT_MS".to_owned(), "6000".to_owned()),
-        ("CONTRAIL_GROUP__STATIC_MEMBERSHIP".to_owned(), "true".to_owned()),
-        ("CONTRAIL_INSTANCE".to_owned(), "cosmos-writer-0".to_owned()),
-    ];
-    env.extend(dev.env());
-    env
-}
-
-/// Waits until the writer owns every partition and has committed everything on the topic.
-fn wait_caught_up(stage: &mut CosmosStage, partitions: usize, timeout: Duration) {
-    let deadline = Instant::now() + timeout;
-    let mut last = None;
-    while Instant::now() < deadline {
-        assert!(
-            stage.process.is_running(),
-            "writer exited:\n{}",
-            stage.process.log()
-        );
-        if let Ok(status) = stage.status() {
-            let done = status.partitions.len() == partitions
-                && status
-                    .partitions
-                    .iter()
-                    .all(|p| p.lag == 0 && p.high_watermark > 0);
-            if done {
-                return;
-            }
-            last = Some(status.partitions);
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    panic!(
-        "writer not caught up after {timeout:?}: {last:?}\n{}",
-        stage.process.log()
-    );
 }
 
 /// Differences between the container, read back through the ordinary client from this process,
@@ -127,7 +84,9 @@ fn kill_9_and_replays_leave_every_flight_at_its_highest_version() {
         println!("kill {kill} done");
     }
     producer.join().expect("producer");
-    wait_caught_up(&mut stage, 4, Duration::from_secs(300));
+    stage
+        .wait_committed(&broker.address, &topic, states.len(), Duration::from_secs(300))
+        .expect("caught up");
     let problems = differences(&dev, &expected);
     assert!(
         problems.is_empty(),
@@ -141,7 +100,14 @@ fn kill_9_and_replays_leave_every_flight_at_its_highest_version() {
     let mut reversed = states.clone();
     reversed.reverse();
     produce_states(&broker.address, &topic, &reversed).expect("replay");
-    wait_caught_up(&mut stage, 4, Duration::from_secs(300));
+    stage
+        .wait_committed(
+            &broker.address,
+            &topic,
+            2 * states.len(),
+            Duration::from_secs(300),
+        )
+        .expect("caught up");
     let problems = differences(&dev, &expected);
     assert!(
         problems.is_empty(),
@@ -182,7 +148,9 @@ fn injected_throttling_slows_writes_but_loses_nothing() {
     ));
     env.push(("CONTRAIL_COSMOS__SDK_THROTTLE_RETRIES".to_owned(), "0".to_owned()));
     let mut stage = CosmosStage::start("cosmos-writer", env, &dir).expect("cosmos-writer starts");
-    wait_caught_up(&mut stage, 4, Duration::from_secs(300));
+    stage
+        .wait_committed(&broker.address, &topic, states.len(), Duration::from_secs(300))
+        .expect("caught up");
     let throttled = stage.metric("contrail_cosmos_writer_retries_total", "cause=\"429\"");
     println!(
         "{} records, {} flights, {throttled} throttled requests retried",

@@ -15,11 +15,15 @@
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+#[path = "common.rs"]
+mod common;
+
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use clap::Parser;
+use common::percentile;
 use contrail_flightdata::ReplayConfig;
 use contrail_integration_tests::dedup::{
     DedupOptions, DedupTopics, DedupUnderTest, produce_events, replay_events, start_dedup_state,
@@ -43,13 +47,6 @@ struct Args {
     /// Duration of the latency phase, seconds.
     #[arg(long, default_value_t = 10)]
     seconds: u64,
-}
-
-fn percentile(sorted: &[f64], fraction: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    sorted[((sorted.len() - 1) as f64 * fraction).round() as usize]
 }
 
 fn timestamp_ms(message: &rdkafka::message::OwnedMessage) -> Option<i64> {

@@ -152,6 +152,13 @@ impl KafkaConfig {
         Ok(config)
     }
 
+    /// A group-less client of `stage` for partition high watermarks (lag in admin status).
+    pub fn watermark_client(&self, stage: &str) -> Result<rdkafka::consumer::BaseConsumer, CommonError> {
+        self.client_config(&format!("{stage}-metadata"))?
+            .create()
+            .map_err(|error| CommonError::Kafka(format!("metadata client: {error}")))
+    }
+
     /// librdkafka settings of a group consumer of `stage` whose offsets the stage manages itself
     /// (no auto-commit, no auto offset store; new groups start at the earliest offset).
     pub fn consumer_config(

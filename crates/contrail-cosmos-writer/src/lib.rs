@@ -92,8 +92,10 @@ impl StageStatus for WriterStatus {
                         partition: *partition,
                         committed_offset: next,
                         high_watermark: high,
-                        lag: if high >= 0 && next >= 0 {
-                            (high - next).max(0)
+                        // A high watermark below the committed offset is a broker answering
+                        // wrongly (seen with the local broker): the lag is unknown, not 0.
+                        lag: if high >= next && next >= 0 {
+                            high - next
                         } else {
                             -1
                         },
@@ -185,13 +187,7 @@ pub async fn run(config: CosmosWriterConfig, shutdown: Shutdown) -> Result<(), C
         .map_err(|error| {
             CosmosWriterError::Broker(format!("subscribe {}: {error}", config.topics.curated))
         })?;
-    let watermarks: Arc<BaseConsumer> = Arc::new(
-        config
-            .kafka
-            .client_config("cosmos-writer-metadata")?
-            .create()
-            .map_err(|error| CosmosWriterError::Broker(format!("metadata client: {error}")))?,
-    );
+    let watermarks: Arc<BaseConsumer> = Arc::new(config.kafka.watermark_client("cosmos-writer")?);
     let dlq = producer(&config)?;
     let progress = Arc::new(Progress::default());
     let paused = Arc::new(AtomicBool::new(false));

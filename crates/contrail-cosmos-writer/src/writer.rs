@@ -5,7 +5,8 @@
 //! (409 → someone created it first: decide again) or replace under `If-Match` (412 → someone wrote
 //! in between: decide again). The ETag and version of every write this process made are cached,
 //! so the usual case — the next version of a flight this instance wrote before — is a single
-//! If-Match replace without the read. A stale cache entry costs one 412 and a re-read.
+//! If-Match replace without the read. A stale cache entry costs one 412 and a re-read. A flight's
+//! version 1 is created without a read (a 409 falls back to read and decide).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -139,12 +140,16 @@ impl DocumentWriter {
     ) -> Result<Outcome, WriteError> {
         let started = Instant::now();
         let mut attempt: u32 = 0;
+        // A flight's first version is almost always new: try to create it without reading first
+        // (one request instead of two). A 409 turns that off for the rest of this write.
+        let mut optimistic = version == 1;
         let result = loop {
-            match self.attempt(key, version, document).await {
+            match self.attempt(key, version, document, optimistic).await {
                 Ok(Some(outcome)) => break Ok(outcome),
                 // Lost a race (409/412): decide again right away with a fresh read.
                 Ok(None) => {
                     self.forget(key);
+                    optimistic = false;
                     continue;
                 }
                 Err(error) => {
@@ -177,11 +182,14 @@ impl DocumentWriter {
         key: &str,
         version: u64,
         document: &serde_json::Value,
+        optimistic: bool,
     ) -> Result<Option<Outcome>, CosmosStoreError> {
         // The cache may only save the read before a replace (a stale entry costs a 412); a skip
-        // is decided on a fresh read, never on the cache alone.
+        // is decided on a fresh read, never on the cache alone. `optimistic`: assume no document
+        // (a create; 409 if there is one).
         let stored = match self.cached(key) {
             Some(entry) if entry.0 < version => Some(entry),
+            None if optimistic => None,
             _ => self.read(key).await?,
         };
         let decision = decide(stored.as_ref().map(|(stored, _)| *stored), version);

@@ -100,13 +100,7 @@ pub async fn run(config: DedupStateConfig, shutdown: Shutdown) -> Result<(), Ded
         config.rules.rules(),
         metrics.clone(),
     )?);
-    let watermarks: Arc<BaseConsumer> = Arc::new(
-        config
-            .kafka
-            .client_config("dedup-state-metadata")?
-            .create()
-            .map_err(|error| DedupStateError::Broker(format!("metadata client: {error}")))?,
-    );
+    let watermarks: Arc<BaseConsumer> = Arc::new(config.kafka.watermark_client("dedup-state")?);
 
     let listeners = server::Listeners::bind(&config.listen).await?;
     let grpc_port = listeners
