@@ -224,3 +224,73 @@ fn kill_9_while_writing_loses_no_change_and_a_survivor_takes_over() {
         status.leases
     );
 }
+
+/// The container's feed ranges as the ordinary client sees them.
+fn feed_ranges(dev: &CosmosDev) -> usize {
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    runtime.block_on(async {
+        let containers = dev.containers().await.expect("client");
+        let options = azure_data_cosmos::options::ReadFeedRangesOptions::default().with_force_refresh(true);
+        containers
+            .flights
+            .read_feed_ranges(Some(options))
+            .await
+            .expect("feed ranges")
+            .len()
+    })
+}
+
+#[test]
+fn a_split_feed_range_keeps_delivering_every_change() {
+    let broker = shared_broker();
+    let dir = test_dir("changefeed-split");
+    let dev = CosmosDev::start(&dir).expect("cosmos-dev");
+    let topic = format!("{}.ops.flights.changes", unique("s"));
+    create_topics(&broker.address, &[&topic], 4).expect("topic");
+    write_versions(&dev.endpoint, 60, 1, 1, Duration::ZERO);
+    let sync = CosmosStage::start(
+        "changefeed-sync",
+        sync_env(&broker.address, &topic, "sync-split", &dev),
+        &dir.join("sync"),
+    )
+    .expect("changefeed-sync");
+    changes_covering(
+        &broker.address,
+        &topic,
+        &stored(&dev, 60),
+        Duration::from_secs(60),
+    );
+    let before = feed_ranges(&dev);
+
+    // The service splits a partition that grows; the dev endpoint does it on request.
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let answer = runtime.block_on(async {
+        reqwest::Client::new()
+            .post(format!(
+                "{}_dev/split?db=contrail&coll=flights&partition=0",
+                dev.endpoint
+            ))
+            .send()
+            .await
+            .expect("split request")
+    });
+    assert!(answer.status().is_success(), "split: {}", answer.status());
+    let after = feed_ranges(&dev);
+    assert_eq!(after, before + 1, "the split adds a feed range");
+
+    // Changes in both children of the split range keep arriving through the parent's lease.
+    write_versions(&dev.endpoint, 60, 3, 2, Duration::from_millis(5));
+    changes_covering(
+        &broker.address,
+        &topic,
+        &stored(&dev, 60),
+        Duration::from_secs(60),
+    );
+    let status = sync.status().expect("status");
+    assert_eq!(
+        status.leases.len(),
+        before,
+        "no lease is added for the children: {:?}",
+        status.leases
+    );
+}

@@ -87,6 +87,7 @@ pub async fn serve(options: Options) -> anyhow::Result<()> {
     let app = Router::new()
         .route("/_dev/healthz", get(|| async { "ok\n" }))
         .route("/_dev/stats", get(stats))
+        .route("/_dev/split", axum::routing::post(split))
         .fallback(forward)
         .with_state(state);
     if let Some(path) = &options.address_file {
@@ -122,6 +123,41 @@ async fn stats(State(state): State<Arc<DevState>>) -> impl IntoResponse {
         "lastLsn": state.lsn.load(Ordering::Relaxed),
     });
     axum::Json(body)
+}
+
+/// `POST /_dev/split?db=DB&coll=COLL&partition=N`: splits physical partition N of a container in
+/// two (as the service does when a partition grows), and answers when the split is complete.
+async fn split(
+    State(state): State<Arc<DevState>>,
+    axum::extract::Query(params): axum::extract::Query<std::collections::HashMap<String, String>>,
+) -> Response {
+    let (Some(db), Some(coll), Some(partition)) = (
+        params.get("db"),
+        params.get("coll"),
+        params
+            .get("partition")
+            .and_then(|value| value.parse::<u32>().ok()),
+    ) else {
+        return plain(
+            http::StatusCode::BAD_REQUEST,
+            "expected ?db=DB&coll=COLL&partition=N (N a physical partition id)".to_owned(),
+        );
+    };
+    let store = state.emulator.store();
+    store.split_partition(db, coll, partition, std::time::Duration::from_millis(50));
+    store.wait_for_split(db, coll, partition).await;
+    let children = store.child_partition_ids(db, coll, &[partition]);
+    if children.is_empty() {
+        return plain(
+            http::StatusCode::NOT_FOUND,
+            format!("nothing split: no physical partition {partition} in container {db}/{coll}"),
+        );
+    }
+    tracing::info!(db, coll, partition, ?children, "partition split");
+    plain(
+        http::StatusCode::OK,
+        format!("split {db}/{coll} partition {partition} into {children:?}\n"),
+    )
 }
 
 /// Whether a request writes a whole document: create/upsert (`POST …/docs`) or replace

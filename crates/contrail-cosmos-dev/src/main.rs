@@ -11,8 +11,8 @@ use clap::Parser;
 /// signatures). State lives in memory only and is gone when the process exits.
 ///
 /// Beyond the Cosmos REST API it answers GET /_dev/healthz, GET /_dev/stats (request counts) and
-/// POST /_dev/split?db=DB&coll=COLL&partition=N (splits a physical partition, to exercise
-/// feed-range splits).
+/// POST /_dev/split?db=DB&coll=COLL&partition=N (splits a physical partition in two and answers
+/// when done, to exercise feed-range splits).
 #[derive(Parser)]
 #[command(name = "cosmos-dev", version)]
 struct Cli {
