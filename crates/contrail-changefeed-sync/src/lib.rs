@@ -174,7 +174,7 @@ pub async fn run(config: ChangefeedSyncConfig, shutdown: Shutdown) -> Result<(),
         containers.flights.clone(),
         &config.cosmos.flights_container,
     );
-    let created = store.bootstrap().await?;
+    let created = contrail_cosmos::retry_setup("lease bootstrap", || store.bootstrap()).await?;
     if created > 0 {
         tracing::info!(leases = created, "leases created, one per feed range");
     }

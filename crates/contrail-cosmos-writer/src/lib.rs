@@ -42,17 +42,14 @@ use crate::metrics::WriterMetrics;
 use crate::writer::{DocumentWriter, Outcome, WriteError};
 
 /// Offsets committed by this instance (next offset to read, per partition).
-#[derive(Default)]
-struct Progress {
-    committed: Mutex<BTreeMap<i32, i64>>,
-}
+type Committed = Arc<Mutex<BTreeMap<i32, i64>>>;
 
 struct WriterStatus {
     instance: String,
     topic: String,
     consumer: Arc<StreamConsumer>,
     watermarks: Arc<BaseConsumer>,
-    progress: Arc<Progress>,
+    committed: Committed,
     metrics: WriterMetrics,
     started: Instant,
 }
@@ -71,7 +68,6 @@ impl StageStatus for WriterStatus {
             })
             .unwrap_or_default();
         let committed = self
-            .progress
             .committed
             .lock()
             .map(|committed| committed.clone())
@@ -189,7 +185,7 @@ pub async fn run(config: CosmosWriterConfig, shutdown: Shutdown) -> Result<(), C
         })?;
     let watermarks: Arc<BaseConsumer> = Arc::new(config.kafka.watermark_client("cosmos-writer")?);
     let dlq = producer(&config)?;
-    let progress = Arc::new(Progress::default());
+    let committed: Committed = Arc::default();
     let paused = Arc::new(AtomicBool::new(false));
 
     let listeners = server::Listeners::bind(&config.listen).await?;
@@ -202,7 +198,7 @@ pub async fn run(config: CosmosWriterConfig, shutdown: Shutdown) -> Result<(), C
             topic: config.topics.curated.clone(),
             consumer: consumer.clone(),
             watermarks,
-            progress: progress.clone(),
+            committed: committed.clone(),
             metrics: metrics.clone(),
             started,
         },
@@ -231,7 +227,7 @@ pub async fn run(config: CosmosWriterConfig, shutdown: Shutdown) -> Result<(), C
         consumer: &consumer,
         writer: &writer,
         dlq: &dlq,
-        progress: &progress,
+        committed: &committed,
         metrics: &metrics,
         paused: &paused,
         shutdown: &shutdown,
@@ -249,7 +245,7 @@ struct Loop<'a> {
     consumer: &'a StreamConsumer,
     writer: &'a DocumentWriter,
     dlq: &'a FutureProducer,
-    progress: &'a Progress,
+    committed: &'a Mutex<BTreeMap<i32, i64>>,
     metrics: &'a WriterMetrics,
     paused: &'a AtomicBool,
     shutdown: &'a Shutdown,
@@ -416,12 +412,13 @@ impl Loop<'_> {
                 tracing::warn!(%error, "offset list");
             }
         }
-        // Sync commit: the batch's writes are done; a failed commit (partition moved to another
-        // member) only means those records are written again — harmlessly — by the new owner.
-        match self.consumer.commit(&list, CommitMode::Sync) {
+        // Sync commit (off the async workers: it waits for the broker): the batch's writes are
+        // done; a failed commit (partition moved to another member) only means those records are
+        // written again — harmlessly — by the new owner.
+        match tokio::task::block_in_place(|| self.consumer.commit(&list, CommitMode::Sync)) {
             Ok(()) => {
                 self.metrics.batches.inc();
-                if let Ok(mut committed) = self.progress.committed.lock() {
+                if let Ok(mut committed) = self.committed.lock() {
                     for ((_, partition), offset) in next {
                         committed.insert(partition, offset);
                     }

@@ -296,18 +296,7 @@ impl CosmosConfig {
     /// Connects, creates what is missing when `create_if_missing`, and opens the containers;
     /// retryable failures (throttling, a service still starting) are retried for up to a minute.
     pub async fn open(&self, stage: &str) -> Result<Containers, CosmosStoreError> {
-        let mut attempt = 0;
-        loop {
-            match self.open_once(stage).await {
-                Err(error) if error.is_retryable() && attempt < 60 => {
-                    let delay = backoff(attempt.min(3));
-                    tracing::warn!(stage, %error, attempt, delay_ms = delay.as_millis() as u64, "cosmos setup failed; retrying");
-                    tokio::time::sleep(delay).await;
-                    attempt += 1;
-                }
-                result => return result,
-            }
-        }
+        retry_setup("cosmos setup", || self.open_once(stage)).await
     }
 
     async fn open_once(&self, stage: &str) -> Result<Containers, CosmosStoreError> {
@@ -372,6 +361,27 @@ impl CosmosConfig {
             }
         }
         Ok(())
+    }
+}
+
+/// Runs a start-up step, retrying retryable failures (throttling, a service still starting) for
+/// up to about a minute with short backoff; other failures and the last one are returned.
+pub async fn retry_setup<T, F, Fut>(what: &str, mut step: F) -> Result<T, CosmosStoreError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, CosmosStoreError>>,
+{
+    let mut attempt = 0;
+    loop {
+        match step().await {
+            Err(error) if error.is_retryable() && attempt < 60 => {
+                let delay = backoff(attempt.min(3));
+                tracing::warn!(%error, attempt, delay_ms = delay.as_millis() as u64, "{what} failed; retrying");
+                tokio::time::sleep(delay).await;
+                attempt += 1;
+            }
+            result => return result,
+        }
     }
 }
 
