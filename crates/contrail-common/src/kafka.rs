@@ -78,6 +78,18 @@ impl Default for GroupConfig {
     }
 }
 
+/// A partition's lag for admin status: high watermark − next offset to process (`next` < 0: nothing
+/// processed yet, i.e. 0). -1 when unknown: no high watermark, or one *below* the next offset — a
+/// broker answering wrongly (seen with the local broker), which must not read as "caught up".
+pub fn partition_lag(high_watermark: i64, next: i64) -> i64 {
+    let next = next.max(0);
+    if high_watermark < next {
+        -1
+    } else {
+        high_watermark - next
+    }
+}
+
 /// The namespace host of an Event Hubs connection string: `Endpoint=sb://HOST/;…` → `HOST`.
 pub fn event_hubs_host(connection_string: &str) -> Result<String, CommonError> {
     let endpoint = connection_string
@@ -245,6 +257,15 @@ mod tests {
     use super::*;
 
     const CONNECTION: &str = "Endpoint=sb://contrail-prod.servicebus.windows.net/;SharedAccessKeyName=RootManageSharedAccessKey;SharedAccessKey=c2VjcmV0";
+
+    #[test]
+    fn lag_is_unknown_when_the_broker_answers_below_the_position() {
+        assert_eq!(partition_lag(100, 40), 60);
+        assert_eq!(partition_lag(100, -1), 100);
+        assert_eq!(partition_lag(100, 100), 0);
+        assert_eq!(partition_lag(1, 4_623), -1);
+        assert_eq!(partition_lag(-1, 5), -1);
+    }
 
     #[test]
     fn plain_brokers() {

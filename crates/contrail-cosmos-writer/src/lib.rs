@@ -88,13 +88,7 @@ impl StageStatus for WriterStatus {
                         partition: *partition,
                         committed_offset: next,
                         high_watermark: high,
-                        // A high watermark below the committed offset is a broker answering
-                        // wrongly (seen with the local broker): the lag is unknown, not 0.
-                        lag: if high >= next && next >= 0 {
-                            high - next
-                        } else {
-                            -1
-                        },
+                        lag: contrail_common::kafka::partition_lag(high, next),
                         state_bytes: 0,
                     }
                 })
