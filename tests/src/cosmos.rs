@@ -11,8 +11,7 @@ use contrail_dedup::document::flight_document;
 use contrail_dedup::fold::{apply, empty_state, order_key};
 use contrail_proto::v1::{FlightState, OperationalEvent};
 use prost::Message as _;
-use rdkafka::ClientConfig;
-use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
+use rdkafka::producer::Producer as _;
 
 use crate::{StageProcess, free_port, http_get, workspace_binary};
 
@@ -127,24 +126,9 @@ pub fn expected_documents(states: &[FlightState]) -> BTreeMap<String, serde_json
 
 /// Produces `states` to `topic` keyed by flight key and waits for every acknowledgement.
 pub fn produce_states(brokers: &str, topic: &str, states: &[FlightState]) -> Result<()> {
-    let producer: ThreadedProducer<rdkafka::producer::DefaultProducerContext> = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set("enable.idempotence", "true")
-        .set("linger.ms", "5")
-        .create()
-        .context("producer")?;
+    let producer = crate::test_producer(brokers)?;
     for state in states {
-        let payload = state.encode_to_vec();
-        let mut record = BaseRecord::to(topic).key(&state.flight_key).payload(&payload);
-        loop {
-            match producer.send(record) {
-                Ok(()) => break,
-                Err((_, returned)) => {
-                    record = returned;
-                    producer.poll(Duration::from_millis(20));
-                }
-            }
-        }
+        crate::send_waiting(&producer, topic, &state.flight_key, &state.encode_to_vec())?;
     }
     producer.flush(Duration::from_secs(60)).context("flush")?;
     Ok(())
@@ -358,16 +342,16 @@ impl CosmosStage {
         records: usize,
         timeout: Duration,
     ) -> Result<()> {
-        let messages = crate::read_topic(brokers, topic, records, Duration::from_secs(120))?;
-        if messages.len() < records {
-            bail!("{topic} holds {} records, expected {records}", messages.len());
-        }
-        let mut ends: BTreeMap<i32, i64> = BTreeMap::new();
-        for message in &messages {
-            use rdkafka::Message as _;
-            let end = ends.entry(message.partition()).or_insert(0);
-            *end = (*end).max(message.offset() + 1);
-        }
+        let ends = crate::delta::topic_ends(brokers, topic, records)?
+            .into_iter()
+            .map(|(partition, end)| ((topic.to_owned(), partition), end))
+            .collect();
+        self.wait_positions(&ends, timeout)
+    }
+
+    /// Waits until the stage's admin `Status` reports every `(topic, partition)` of `ends`
+    /// committed up to (at least) its end offset.
+    pub fn wait_positions(&mut self, ends: &BTreeMap<(String, i32), i64>, timeout: Duration) -> Result<()> {
         let deadline = Instant::now() + timeout;
         let mut last = None;
         while Instant::now() < deadline {
@@ -375,15 +359,12 @@ impl CosmosStage {
                 bail!("{} exited:\n{}", self.binary, self.process.log());
             }
             if let Ok(status) = self.status() {
-                let committed: BTreeMap<i32, i64> = status
+                let committed: BTreeMap<(String, i32), i64> = status
                     .partitions
                     .iter()
-                    .map(|p| (p.partition, p.committed_offset))
+                    .map(|p| ((p.topic.clone(), p.partition), p.committed_offset))
                     .collect();
-                if ends
-                    .iter()
-                    .all(|(partition, end)| committed.get(partition) >= Some(end))
-                {
+                if ends.iter().all(|(key, end)| committed.get(key) >= Some(end)) {
                     return Ok(());
                 }
                 last = Some(committed);

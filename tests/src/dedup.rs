@@ -15,9 +15,8 @@ use contrail_dedup::fold::{apply, empty_state, order_key};
 use contrail_proto::admin::v1::StatusResponse;
 use contrail_proto::v1::{FlightState, OperationalEvent, SourcePosition};
 use prost::Message as _;
-use rdkafka::ClientConfig;
 use rdkafka::message::{Message as _, OwnedMessage};
-use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
+use rdkafka::producer::Producer as _;
 
 use crate::{StageProcess, free_port, http_get, unique, workspace_binary};
 
@@ -43,33 +42,24 @@ pub fn replay_events(
 
 /// Produces `events` to `topic` keyed by flight key and waits for every acknowledgement.
 pub fn produce_events(brokers: &str, topic: &str, events: &[OperationalEvent]) -> Result<()> {
-    let producer: ThreadedProducer<rdkafka::producer::DefaultProducerContext> = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set("enable.idempotence", "true")
-        .set("linger.ms", "5")
-        .create()
-        .context("producer")?;
+    let producer = crate::test_producer(brokers)?;
     for event in events {
-        let payload = event.encode_to_vec();
-        let mut record = BaseRecord::to(topic).key(&event.flight_key).payload(&payload);
-        loop {
-            match producer.send(record) {
-                Ok(()) => break,
-                Err((
-                    rdkafka::error::KafkaError::MessageProduction(
-                        rdkafka::types::RDKafkaErrorCode::QueueFull,
-                    ),
-                    back,
-                )) => {
-                    record = back;
-                    std::thread::sleep(Duration::from_millis(5));
-                }
-                Err((error, _)) => bail!("produce: {error}"),
-            }
-        }
+        crate::send_waiting(&producer, topic, &event.flight_key, &event.encode_to_vec())?;
     }
     producer.flush(Duration::from_secs(120)).context("flush")?;
     Ok(())
+}
+
+/// The replay settings of the restart tests: 15 % duplicates, 10 minutes of disorder, 1 % of
+/// events three hours late.
+pub fn realistic_feed(seed: u64) -> contrail_flightdata::ReplayConfig {
+    contrail_flightdata::ReplayConfig {
+        seed,
+        duplicate_rate: 0.15,
+        max_disorder: chrono::Duration::minutes(10),
+        straggler_rate: 0.01,
+        straggler_delay: chrono::Duration::hours(3),
+    }
 }
 
 /// A record of the raw topic, decoded.

@@ -9,6 +9,7 @@ pub use contrail_testkit::*;
 
 pub mod cosmos;
 pub mod dedup;
+pub mod delta;
 
 /// A unique suffix for topic names and directories of one test.
 pub fn unique(prefix: &str) -> String {
@@ -192,4 +193,40 @@ pub fn test_dir(name: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(unique(name));
     std::fs::create_dir_all(&dir).expect("test dir");
     dir
+}
+
+/// An idempotent producer for tests (acks from all replicas, 5 ms linger).
+pub fn test_producer(
+    brokers: &str,
+) -> anyhow::Result<rdkafka::producer::ThreadedProducer<rdkafka::producer::DefaultProducerContext>> {
+    use anyhow::Context as _;
+    rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("enable.idempotence", "true")
+        .set("linger.ms", "5")
+        .create()
+        .context("producer")
+}
+
+/// Sends one record, waiting while the producer's local queue is full.
+pub fn send_waiting(
+    producer: &rdkafka::producer::ThreadedProducer<rdkafka::producer::DefaultProducerContext>,
+    topic: &str,
+    key: &str,
+    payload: &[u8],
+) -> anyhow::Result<()> {
+    let mut record = rdkafka::producer::BaseRecord::to(topic).key(key).payload(payload);
+    loop {
+        match producer.send(record) {
+            Ok(()) => return Ok(()),
+            Err((
+                rdkafka::error::KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull),
+                back,
+            )) => {
+                record = back;
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err((error, _)) => anyhow::bail!("produce to {topic}: {error}"),
+        }
+    }
 }

@@ -4,23 +4,12 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use contrail_flightdata::ReplayConfig;
 use contrail_integration_tests::cosmos::{
     CosmosDev, CosmosStage, compare_documents, curated_stream, expected_documents, produce_states,
     read_documents, writer_env,
 };
-use contrail_integration_tests::dedup::replay_events;
+use contrail_integration_tests::dedup::{realistic_feed, replay_events};
 use contrail_integration_tests::{Moments, create_topics, shared_broker, test_dir, unique};
-
-fn feed(seed: u64) -> ReplayConfig {
-    ReplayConfig {
-        seed,
-        duplicate_rate: 0.15,
-        max_disorder: chrono::Duration::minutes(10),
-        straggler_rate: 0.01,
-        straggler_delay: chrono::Duration::hours(3),
-    }
-}
 
 /// Differences between the container, read back through the ordinary client from this process,
 /// and the expectation. Reads from another client are session-consistent, not strong: a replace
@@ -52,7 +41,7 @@ fn kill_9_and_replays_leave_every_flight_at_its_highest_version() {
     let topic = format!("{}.ops.flights.curated", unique("w"));
     create_topics(&broker.address, &[&topic], 4).expect("topic");
     // Nine days of January 2013 → > 50,000 curated states (one per distinct accepted event).
-    let states = curated_stream(&replay_events((1, 1), (1, 9), feed(11)));
+    let states = curated_stream(&replay_events((1, 1), (1, 9), realistic_feed(11)));
     assert!(
         states.len() >= 50_000,
         "at least 50,000 records, got {}",
@@ -136,7 +125,7 @@ fn injected_throttling_slows_writes_but_loses_nothing() {
     let dev = CosmosDev::start(&dir).expect("cosmos-dev");
     let topic = format!("{}.ops.flights.curated", unique("t"));
     create_topics(&broker.address, &[&topic], 4).expect("topic");
-    let states = curated_stream(&replay_events((1, 2), (1, 2), feed(5)));
+    let states = curated_stream(&replay_events((1, 2), (1, 2), realistic_feed(5)));
     let expected = expected_documents(&states);
     produce_states(&broker.address, &topic, &states).expect("produce");
     let mut env = writer_env(&broker.address, &topic, &unique("ct"), &dev);

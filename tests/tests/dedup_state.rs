@@ -9,20 +9,10 @@ use std::time::{Duration, Instant};
 use contrail_flightdata::ReplayConfig;
 use contrail_integration_tests::dedup::{
     DedupOptions, DedupTopics, DedupUnderTest, OracleRules, check_outputs, expect, produce_events,
-    raw_records, replay_events, start_dedup_state,
+    raw_records, realistic_feed, replay_events, start_dedup_state,
 };
 use contrail_integration_tests::{Moments, create_topics, read_topic, shared_broker, test_dir, unique};
 use rdkafka::message::OwnedMessage;
-
-fn feed_config(seed: u64) -> ReplayConfig {
-    ReplayConfig {
-        seed,
-        duplicate_rate: 0.15,
-        max_disorder: chrono::Duration::minutes(10),
-        straggler_rate: 0.01,
-        straggler_delay: chrono::Duration::hours(3),
-    }
-}
 
 fn read_all(brokers: &str, topic: &str, at_least: usize) -> Vec<OwnedMessage> {
     read_topic(brokers, topic, at_least, Duration::from_secs(120)).expect("read topic")
@@ -93,7 +83,7 @@ fn kill_9_at_random_moments_loses_nothing_and_doubles_nothing() {
     create_topics(&broker.address, &[&topics.raw], 4).expect("raw topic");
     // January 2013: ≈ 27,000 flights → > 200,000 events with 15 % redeliveries, 10 min disorder
     // and 1 % stragglers three hours late.
-    let events = replay_events((1, 1), (1, 31), feed_config(7));
+    let events = replay_events((1, 1), (1, 31), realistic_feed(7));
     assert!(
         events.len() >= 200_000,
         "a stream of at least 200,000 events, got {}",
@@ -204,7 +194,7 @@ fn a_lost_shard_directory_is_restored_from_the_checkpoint_store() {
     let broker = shared_broker();
     let topics = DedupTopics::unique();
     create_topics(&broker.address, &[&topics.raw], 4).expect("raw topic");
-    let events = replay_events((3, 1), (3, 3), feed_config(11));
+    let events = replay_events((3, 1), (3, 3), realistic_feed(11));
     let (half, total) = half_and_half(&events);
     let dir = test_dir("dedup-restore");
     let group = unique("g");
@@ -279,7 +269,7 @@ fn when_an_instance_leaves_the_other_takes_its_shards() {
     let broker = shared_broker();
     let topics = DedupTopics::unique();
     create_topics(&broker.address, &[&topics.raw], 4).expect("raw topic");
-    let events = replay_events((5, 1), (5, 3), feed_config(13));
+    let events = replay_events((5, 1), (5, 3), realistic_feed(13));
     let (half, total) = half_and_half(&events);
     let dir = test_dir("dedup-rescale");
     let group = unique("g");
@@ -365,7 +355,7 @@ fn undecodable_and_mismatched_records_go_to_the_dead_letter_topic_and_processing
         ReplayConfig {
             duplicate_rate: 0.0,
             straggler_rate: 0.0,
-            ..feed_config(3)
+            ..realistic_feed(3)
         },
     );
     let valid = &events[..50];

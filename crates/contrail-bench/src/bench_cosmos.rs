@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use common::percentile;
+use common::{counter, histogram_quantile, percentile};
 use contrail_flightdata::ReplayConfig;
 use contrail_integration_tests::cosmos::{
     CosmosDev, CosmosStage, DEV_KEY, curated_stream, expected_documents, produce_states, sync_env, writer_env,
@@ -50,29 +50,6 @@ struct Args {
     /// Writes in flight (the writer's `batch.concurrency`, also used by the baseline).
     #[arg(long, default_value_t = 32)]
     concurrency: usize,
-}
-
-/// The `fraction` quantile of a Prometheus histogram in `metrics`, as the upper bound of the
-/// bucket that reaches it (seconds).
-fn histogram_quantile(metrics: &str, name: &str, fraction: f64) -> f64 {
-    let buckets: Vec<(f64, f64)> = metrics
-        .lines()
-        .filter(|line| line.starts_with(&format!("{name}_bucket")))
-        .filter_map(|line| {
-            let le = line.split("le=\"").nth(1)?.split('"').next()?;
-            let bound = if le == "+Inf" {
-                f64::INFINITY
-            } else {
-                le.parse().ok()?
-            };
-            Some((bound, line.rsplit(' ').next()?.parse().ok()?))
-        })
-        .collect();
-    let total = buckets.last().map_or(0.0, |(_, count)| *count);
-    buckets
-        .iter()
-        .find(|(_, count)| *count >= fraction * total)
-        .map_or(f64::NAN, |(bound, _)| *bound)
 }
 
 fn peak(stage: &CosmosStage) -> f64 {
@@ -108,14 +85,6 @@ fn baseline(dev: &CosmosDev, documents: &[serde_json::Value], concurrency: usize
         latencies.sort_by(f64::total_cmp);
         Ok((documents.len() as f64 / elapsed, latencies))
     })
-}
-
-fn counter(stage: &CosmosStage, name: &str) -> f64 {
-    stage
-        .status()
-        .ok()
-        .and_then(|status| status.counters.get(name).copied())
-        .unwrap_or(0.0)
 }
 
 fn main() -> Result<()> {

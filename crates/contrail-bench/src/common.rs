@@ -1,4 +1,5 @@
-//! Helpers shared by the benchmark binaries (included with `#[path]`).
+//! Helpers shared by the benchmark binaries (included with `#[path]`; not every binary uses all).
+#![allow(dead_code)]
 
 /// The `fraction` percentile of ascending `sorted` values (NaN when empty).
 pub fn percentile(sorted: &[f64], fraction: f64) -> f64 {
@@ -6,4 +7,45 @@ pub fn percentile(sorted: &[f64], fraction: f64) -> f64 {
         return f64::NAN;
     }
     sorted[((sorted.len() - 1) as f64 * fraction).round() as usize]
+}
+
+/// The `fraction` quantile of a Prometheus histogram in `metrics` (all label sets together), as
+/// the upper bound of the bucket that reaches it (seconds).
+pub fn histogram_quantile(metrics: &str, name: &str, fraction: f64) -> f64 {
+    let mut buckets: Vec<(f64, f64)> = Vec::new();
+    for line in metrics
+        .lines()
+        .filter(|line| line.starts_with(&format!("{name}_bucket")))
+    {
+        let parsed = (|| {
+            let le = line.split("le=\"").nth(1)?.split('"').next()?;
+            let bound = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().ok()?
+            };
+            Some((bound, line.rsplit(' ').next()?.parse::<f64>().ok()?))
+        })();
+        if let Some((bound, count)) = parsed {
+            match buckets.iter_mut().find(|(known, _)| *known == bound) {
+                Some((_, total)) => *total += count,
+                None => buckets.push((bound, count)),
+            }
+        }
+    }
+    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let total = buckets.last().map_or(0.0, |(_, count)| *count);
+    buckets
+        .iter()
+        .find(|(_, count)| *count >= fraction * total)
+        .map_or(f64::NAN, |(bound, _)| *bound)
+}
+
+/// A counter from a stage's admin `Status` (0 when absent or unreachable).
+pub fn counter(stage: &contrail_integration_tests::cosmos::CosmosStage, name: &str) -> f64 {
+    stage
+        .status()
+        .ok()
+        .and_then(|status| status.counters.get(name).copied())
+        .unwrap_or(0.0)
 }

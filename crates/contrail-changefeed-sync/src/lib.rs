@@ -35,7 +35,6 @@ use contrail_common::server::{self, Health};
 use contrail_common::shutdown::Shutdown;
 use contrail_cosmos::backoff;
 use contrail_proto::admin::v1 as admin;
-use contrail_proto::admin::v1::admin_service_server::AdminServiceServer;
 use contrail_proto::v1::ServingChange;
 use futures::StreamExt;
 use prost::Message as _;
@@ -106,15 +105,7 @@ impl StageStatus for SyncStatus {
 }
 
 fn producer(config: &ChangefeedSyncConfig) -> Result<FutureProducer, ChangefeedError> {
-    let mut client = config.kafka.client_config("changefeed-sync")?;
-    client
-        .set("enable.idempotence", "true")
-        .set("acks", "all")
-        .set("linger.ms", "5")
-        .set("message.timeout.ms", "300000");
-    for (key, value) in &config.kafka.properties {
-        client.set(key, value);
-    }
+    let client = config.kafka.producer_config("changefeed-sync")?;
     client
         .create()
         .map_err(|error| ChangefeedError::Broker(format!("producer: {error}")))
@@ -204,19 +195,7 @@ pub async fn run(config: ChangefeedSyncConfig, shutdown: Shutdown) -> Result<(),
         health.clone(),
         shutdown.clone(),
     );
-    let routes = tonic::service::Routes::new(AdminServiceServer::with_interceptor(
-        admin,
-        tokens.grpc_interceptor(),
-    ));
-    let servers = server::Servers::spawn(
-        listeners,
-        axum::Router::new(),
-        routes,
-        &["contrail.admin.v1.AdminService"],
-        &health,
-        registry,
-        &shutdown,
-    );
+    let servers = admin.serve(listeners, &tokens, registry);
     health.set_ready(true);
     tracing::info!(instance = %config.instance, "changefeed-sync running");
 

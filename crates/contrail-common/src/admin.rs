@@ -9,7 +9,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use contrail_proto::admin::v1 as admin;
 use tonic::{Request, Response, Status};
 
-use crate::server::Health;
+use crate::auth::BearerTokens;
+use crate::metrics::MetricsRegistry;
+use crate::server::{Health, Listeners, Servers};
 use crate::shutdown::Shutdown;
 
 /// What a stage reports in `Status`.
@@ -48,6 +50,27 @@ impl<S: StageStatus> StreamAdmin<S> {
             health,
             shutdown,
         }
+    }
+
+    /// Serves this admin API (behind `tokens`) with gRPC health and reflection, and the probes
+    /// and `metrics` over HTTP, on `listeners` until the shutdown.
+    pub fn serve(self, listeners: Listeners, tokens: &BearerTokens, metrics: MetricsRegistry) -> Servers {
+        let health = self.health.clone();
+        let shutdown = self.shutdown.clone();
+        let routes =
+            tonic::service::Routes::new(admin::admin_service_server::AdminServiceServer::with_interceptor(
+                self,
+                tokens.grpc_interceptor(),
+            ));
+        Servers::spawn(
+            listeners,
+            axum::Router::new(),
+            routes,
+            &["contrail.admin.v1.AdminService"],
+            &health,
+            metrics,
+            &shutdown,
+        )
     }
 }
 

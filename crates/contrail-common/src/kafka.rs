@@ -171,6 +171,21 @@ impl KafkaConfig {
             .map_err(|error| CommonError::Kafka(format!("metadata client: {error}")))
     }
 
+    /// librdkafka settings of an idempotent producer of `stage` (`acks=all`, 5 ms linger,
+    /// 5-minute delivery timeout), then `properties`.
+    pub fn producer_config(&self, stage: &str) -> Result<ClientConfig, CommonError> {
+        let mut client = self.client_config(stage)?;
+        client
+            .set("enable.idempotence", "true")
+            .set("acks", "all")
+            .set("linger.ms", "5")
+            .set("message.timeout.ms", "300000");
+        for (key, value) in &self.properties {
+            client.set(key, value);
+        }
+        Ok(client)
+    }
+
     /// librdkafka settings of a group consumer of `stage` whose offsets the stage manages itself
     /// (no auto-commit, no auto offset store; new groups start at the earliest offset).
     pub fn consumer_config(

@@ -26,7 +26,6 @@ use contrail_common::server::{self, Health};
 use contrail_common::shutdown::Shutdown;
 use contrail_dedup::document::flight_document;
 use contrail_proto::admin::v1 as admin;
-use contrail_proto::admin::v1::admin_service_server::AdminServiceServer;
 use contrail_proto::v1::{DeadLetter, FlightState, SourcePosition};
 use futures::StreamExt;
 use prost::Message as _;
@@ -123,15 +122,9 @@ impl StageStatus for WriterStatus {
 }
 
 fn producer(config: &CosmosWriterConfig) -> Result<FutureProducer, CosmosWriterError> {
-    let mut client = config.kafka.client_config("cosmos-writer")?;
-    client
-        .set("enable.idempotence", "true")
-        .set("acks", "all")
-        .set("message.timeout.ms", "300000");
-    for (key, value) in &config.kafka.properties {
-        client.set(key, value);
-    }
-    client
+    config
+        .kafka
+        .producer_config("cosmos-writer")?
         .create()
         .map_err(|error| CosmosWriterError::Broker(format!("producer: {error}")))
 }
@@ -200,19 +193,7 @@ pub async fn run(config: CosmosWriterConfig, shutdown: Shutdown) -> Result<(), C
         health.clone(),
         shutdown.clone(),
     );
-    let routes = tonic::service::Routes::new(AdminServiceServer::with_interceptor(
-        admin,
-        tokens.grpc_interceptor(),
-    ));
-    let servers = server::Servers::spawn(
-        listeners,
-        axum::Router::new(),
-        routes,
-        &["contrail.admin.v1.AdminService"],
-        &health,
-        registry,
-        &shutdown,
-    );
+    let servers = admin.serve(listeners, &tokens, registry);
     health.set_ready(true);
     tracing::info!(instance = %config.instance, endpoint = %config.cosmos.endpoint, "cosmos-writer running");
 

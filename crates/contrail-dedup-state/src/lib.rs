@@ -44,16 +44,7 @@ use crate::worker::{GroupContext, OutputContext, ShardSet, WorkerSettings};
 /// librdkafka settings of the output producer: idempotent, all replicas, long retries (an output
 /// stays in the outbox until acknowledged, so giving up early only means re-sending later).
 pub fn producer_config(config: &DedupStateConfig) -> Result<ClientConfig, DedupStateError> {
-    let mut client = config.kafka.client_config("dedup-state")?;
-    client
-        .set("enable.idempotence", "true")
-        .set("acks", "all")
-        .set("linger.ms", "5")
-        .set("message.timeout.ms", "300000");
-    for (key, value) in &config.kafka.properties {
-        client.set(key, value);
-    }
-    Ok(client)
+    Ok(config.kafka.producer_config("dedup-state")?)
 }
 
 /// librdkafka settings of the group consumer. Offsets are never auto-committed: the offset of

