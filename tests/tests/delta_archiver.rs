@@ -386,3 +386,117 @@ fn undecodable_records_go_to_the_dead_letter_topic_and_do_not_stop_the_partition
         Some(end - 1)
     );
 }
+
+/// Committed positions of every `(topic, partition)` over several instances (each reports only
+/// what it owns).
+fn positions(stages: &[&CosmosStage]) -> BTreeMap<(String, i32), i64> {
+    let mut positions = BTreeMap::new();
+    for stage in stages {
+        if let Ok(status) = stage.status() {
+            for partition in status.partitions {
+                let entry = positions
+                    .entry((partition.topic, partition.partition))
+                    .or_insert(partition.committed_offset);
+                *entry = (*entry).max(partition.committed_offset);
+            }
+        }
+    }
+    positions
+}
+
+#[test]
+fn a_frozen_zombie_cannot_commit_after_its_partitions_moved() {
+    let broker = shared_broker();
+    let dir = test_dir("delta-zombie");
+    let root = dir.join("delta");
+    let topics = Topics::unique();
+    let mut names: Vec<&str> = topics.by_table.values().map(String::as_str).collect();
+    names.push(&topics.dlq);
+    create_topics(&broker.address, &names, 4).expect("topics");
+    let stream = HistoryStream::from_raw(&replay_events((1, 3), (1, 4), realistic_feed(31)));
+    let expected = stream.expected_identities();
+    println!("{} records over the four topics", stream.len());
+
+    let group = unique("dz");
+    let settings = |instance: &str| {
+        let mut env = topics.env(&broker.address, &group, &root);
+        env.retain(|(key, _)| key != "CONTRAIL_INSTANCE" && key != "CONTRAIL_GROUP__STATIC_MEMBERSHIP");
+        env.extend([
+            ("CONTRAIL_INSTANCE".to_owned(), instance.to_owned()),
+            ("CONTRAIL_BATCH__MAX_ROWS".to_owned(), "4000".to_owned()),
+            ("CONTRAIL_BATCH__MAX_LATENCY_MS".to_owned(), "800".to_owned()),
+            (
+                "CONTRAIL_TESTING__PAUSE_BEFORE_COMMIT_MS".to_owned(),
+                "1500".to_owned(),
+            ),
+        ]);
+        env
+    };
+    let a = CosmosStage::start("delta-archiver", settings("archiver-a"), &dir.join("a")).expect("a starts");
+    let mut b =
+        CosmosStage::start("delta-archiver", settings("archiver-b"), &dir.join("b")).expect("b starts");
+
+    let mut producers = Vec::new();
+    let mut produced: BTreeMap<&'static str, usize> = BTreeMap::new();
+    for (table, records) in stream.records() {
+        produced.insert(table, records.len());
+        let brokers = broker.address.clone();
+        let topic = topics.by_table[table].clone();
+        producers.push((
+            table,
+            std::thread::spawn(move || {
+                produce_with_redeliveries(&brokers, &topic, &records, 2_000, 89, Duration::from_millis(300))
+                    .expect("produce")
+            }),
+        ));
+    }
+    // Freeze a between writing its Parquet files and committing them, for longer than the
+    // session timeout: the group gives its partitions to b, which archives them.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while a.metric("contrail_delta_uncommitted_files", "") == 0.0 {
+        assert!(Instant::now() < deadline, "a never reached a commit");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    a.process.freeze();
+    println!("a frozen between flush and commit");
+    std::thread::sleep(Duration::from_secs(25));
+    a.process.thaw();
+    println!("a thawed: its pending commit must be refused");
+
+    let mut ends: BTreeMap<(String, i32), i64> = BTreeMap::new();
+    for (table, producer) in producers {
+        let redelivered = producer.join().expect("producer");
+        let topic = &topics.by_table[table];
+        for (partition, end) in
+            topic_ends(&broker.address, topic, produced[table] + redelivered).expect("ends")
+        {
+            ends.insert((topic.clone(), partition), end);
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        let committed = positions(&[&a, &b]);
+        if ends.iter().all(|(key, end)| committed.get(key) >= Some(end)) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not archived: {committed:?} vs {ends:?}"
+        );
+        assert!(b.process.is_running(), "b exited: {}", b.process.log());
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let fenced = a.metric("contrail_delta_fenced_total", "");
+    println!("partition commits a had to drop: {fenced}");
+    assert!(
+        fenced >= 1.0,
+        "the zombie's commit was not fenced:\n{}",
+        a.process.log()
+    );
+    let mut a = a;
+    for stage in [&mut a, &mut b] {
+        stage.process.terminate(Duration::from_secs(60)).expect("SIGTERM");
+    }
+    let reports = verify_tables(&root, &dir.join("verify"), &expected, &topics.app_ids(4)).expect("reader");
+    check_exactly_once(&reports, &expected, &ends, &topics);
+}

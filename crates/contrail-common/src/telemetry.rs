@@ -53,13 +53,25 @@ impl Drop for TelemetryGuard {
     }
 }
 
+/// Log targets kept at WARN unless the filter names them.
+const QUIET_LIBRARIES: [&str; 4] = ["deltalake_core", "delta_kernel", "buoyant_kernel", "object_store"];
+
 /// Installs the global subscriber for `service_name`. Call once, inside the Tokio runtime.
 pub fn init(service_name: &str, config: &TelemetryConfig) -> Result<TelemetryGuard, CommonError> {
-    let filter = EnvFilter::try_from_default_env()
-        .or_else(|_| EnvFilter::try_new(&config.log_filter))
-        .map_err(|error| {
-            CommonError::Telemetry(format!("invalid log filter {:?}: {error}", config.log_filter))
-        })?;
+    let directives = std::env::var("RUST_LOG")
+        .ok()
+        .filter(|value| !value.trim().is_empty())
+        .unwrap_or_else(|| config.log_filter.clone());
+    let mut filter = EnvFilter::try_new(&directives)
+        .map_err(|error| CommonError::Telemetry(format!("invalid log filter {directives:?}: {error}")))?;
+    // Libraries that log every table snapshot and file at INFO: quiet unless asked for by name.
+    for noisy in QUIET_LIBRARIES {
+        if !directives.contains(noisy)
+            && let Ok(directive) = format!("{noisy}=warn").parse()
+        {
+            filter = filter.add_directive(directive);
+        }
+    }
     let format_layer = match config.log_format {
         LogFormat::Text => tracing_subscriber::fmt::layer()
             .with_writer(std::io::stderr)

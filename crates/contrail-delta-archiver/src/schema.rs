@@ -76,6 +76,17 @@ impl Table {
         }
     }
 
+    /// The columns Delta keeps statistics for: the scalar data columns (not the binary record, a
+    /// list, or the partition column, whose value is in the log anyway).
+    pub fn stats_columns(self) -> Vec<&'static str> {
+        let partition = self.partition_column();
+        self.columns()
+            .iter()
+            .filter(|(name, kind, _)| !matches!(kind, Kind::Binary | Kind::StrList) && *name != partition)
+            .map(|(name, _, _)| *name)
+            .collect()
+    }
+
     /// The Delta schema.
     pub fn delta_columns(self) -> Vec<StructField> {
         self.columns()

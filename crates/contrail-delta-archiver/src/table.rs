@@ -284,10 +284,14 @@ async fn open_or_create(
         })?;
     }
     for attempt in 0..5 {
-        let existing = DeltaTable::try_from_url_with_storage_options(url.clone(), storage_options.clone())
-            .await
+        let mut existing = deltalake::DeltaTableBuilder::from_url(url.clone())
+            .map_err(wrap)?
+            .with_storage_options(storage_options.clone())
+            .build()
             .map_err(wrap)?;
-        if existing.version().is_some() {
+        // Probe first: loading a missing table is logged as an error by the library.
+        if existing.verify_deltatable_existence().await.map_err(wrap)? {
+            existing.load().await.map_err(wrap)?;
             return Ok(existing);
         }
         let created = existing
@@ -310,7 +314,12 @@ async fn open_or_create(
                     "delta.enableExpiredLogCleanup".to_owned(),
                     Some("true".to_owned()),
                 ),
-                ("delta.appendOnly".to_owned(), Some("false".to_owned())),
+                ("delta.appendOnly".to_owned(), Some("true".to_owned())),
+                // Statistics for every column but the raw record (binary: no min/max).
+                (
+                    "delta.dataSkippingStatsColumns".to_owned(),
+                    Some(table.stats_columns().join(",")),
+                ),
             ])
             .await;
         match created {
@@ -329,4 +338,153 @@ async fn open_or_create(
         root: root.to_string(),
         reason: format!("table {name} could not be opened or created"),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    //! Real Delta tables on disk: the zombie fence, both before writing and at the commit.
+
+    use std::sync::Arc;
+
+    use contrail_proto::v1::ServingChange;
+    use prost::Message as _;
+
+    use super::*;
+    use crate::schema::KafkaPosition;
+
+    fn config(root: &Path, pause_ms: u64) -> DeltaArchiverConfig {
+        let mut config = DeltaArchiverConfig {
+            delta_root: root.display().to_string(),
+            ..DeltaArchiverConfig::default()
+        };
+        config.testing.pause_before_commit_ms = pause_ms;
+        config
+    }
+
+    fn rows(from: i64, count: i64) -> Vec<Row> {
+        (from..from + count)
+            .map(|offset| {
+                let change = ServingChange {
+                    id: format!("UA{offset}-2013-01-01-EWR"),
+                    flight_key: format!("UA{offset}-2013-01-01-EWR"),
+                    lsn: offset + 1,
+                    ts: 1_357_000_000,
+                    document_json: "{\"version\":1}".to_owned(),
+                    feed_range: "0".to_owned(),
+                };
+                let position = KafkaPosition {
+                    topic: Arc::from("changes"),
+                    partition: 0,
+                    offset,
+                };
+                Table::ServingChanges
+                    .decode(position, &change.encode_to_vec())
+                    .expect("decodes")
+            })
+            .collect()
+    }
+
+    fn txn(expected: Option<i64>, version: i64) -> TxnUpdate {
+        TxnUpdate {
+            app_id: "serving_changes-changes-0".to_owned(),
+            expected,
+            version,
+        }
+    }
+
+    fn metrics() -> ArchiverMetrics {
+        ArchiverMetrics::new(&contrail_common::metrics::MetricsRegistry::new())
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_zombie_that_resumed_from_an_older_version_commits_nothing() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let metrics = metrics();
+        let mut owner = Tables::open(&config(root.path(), 0)).await.expect("owner");
+        let mut zombie = Tables::open(&config(root.path(), 0)).await.expect("zombie");
+        let first = rows(0, 10);
+        let refs: Vec<&Row> = first.iter().collect();
+        // Both resumed from "nothing archived"; the owner commits offsets 0..=9 first.
+        let outcome = owner
+            .commit(Table::ServingChanges, &refs, &[txn(None, 9)], &metrics)
+            .await
+            .expect("owner commits");
+        assert!(
+            matches!(outcome, CommitOutcome::Committed { files: 1, .. }),
+            "{outcome:?}"
+        );
+        let outcome = zombie
+            .commit(Table::ServingChanges, &refs, &[txn(None, 9)], &metrics)
+            .await
+            .expect("zombie answered");
+        assert_eq!(
+            outcome,
+            CommitOutcome::Fenced(vec!["serving_changes-changes-0".to_owned()])
+        );
+        // The zombie re-reads the position and continues from there.
+        let stored = zombie
+            .stored_versions(Table::ServingChanges, &["serving_changes-changes-0".to_owned()])
+            .await
+            .expect("read back");
+        assert_eq!(stored, vec![Some(9)]);
+        let next = rows(10, 5);
+        let refs: Vec<&Row> = next.iter().collect();
+        let outcome = zombie
+            .commit(Table::ServingChanges, &refs, &[txn(Some(9), 14)], &metrics)
+            .await
+            .expect("commits after re-reading");
+        assert!(matches!(outcome, CommitOutcome::Committed { .. }), "{outcome:?}");
+        let files = std::fs::read_dir(root.path().join("serving_changes"))
+            .expect("table dir")
+            .filter_map(Result::ok)
+            .filter(|entry| entry.file_name().to_string_lossy().starts_with("change_date="))
+            .flat_map(|partition| std::fs::read_dir(partition.path()).expect("partition"))
+            .count();
+        assert_eq!(files, 2, "the fenced attempt wrote no file");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_commit_racing_another_for_the_same_partition_is_refused() {
+        let root = tempfile::tempdir().expect("tempdir");
+        // The slow one passes the fence, writes its file, then waits before committing.
+        let mut slow = Tables::open(&config(root.path(), 800)).await.expect("slow");
+        let mut fast = Tables::open(&config(root.path(), 0)).await.expect("fast");
+        let slow_task = tokio::spawn(async move {
+            let metrics = metrics();
+            let batch = rows(0, 10);
+            let refs: Vec<&Row> = batch.iter().collect();
+            slow.commit(Table::ServingChanges, &refs, &[txn(None, 9)], &metrics)
+                .await
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let batch = rows(0, 10);
+        let refs: Vec<&Row> = batch.iter().collect();
+        let outcome = fast
+            .commit(Table::ServingChanges, &refs, &[txn(None, 9)], &metrics())
+            .await
+            .expect("fast commits");
+        assert!(matches!(outcome, CommitOutcome::Committed { .. }), "{outcome:?}");
+        let slow_outcome = slow_task.await.expect("task").expect("slow answered");
+        assert_eq!(
+            slow_outcome,
+            CommitOutcome::Fenced(vec!["serving_changes-changes-0".to_owned()]),
+            "Delta's conflict check refuses the second commit for the same app id"
+        );
+        let stored = fast
+            .stored_versions(Table::ServingChanges, &["serving_changes-changes-0".to_owned()])
+            .await
+            .expect("read back");
+        assert_eq!(stored, vec![Some(9)]);
+        fast.table(Table::ServingChanges)
+            .expect("table")
+            .update_state()
+            .await
+            .expect("refresh");
+        let version = fast.table(Table::ServingChanges).expect("table").version();
+        assert_eq!(
+            version,
+            Some(1),
+            "create + one append: the racing commit is not in the log"
+        );
+    }
 }

@@ -256,6 +256,17 @@ impl StageProcess {
         self.child.id()
     }
 
+    /// Freezes the process (SIGSTOP): it keeps its sockets and state but stops answering, like a
+    /// pod in a long GC pause or on a frozen node — the way a zombie is made.
+    pub fn freeze(&self) {
+        signal(self.child.id(), libc::SIGSTOP);
+    }
+
+    /// Thaws a frozen process (SIGCONT).
+    pub fn thaw(&self) {
+        signal(self.child.id(), libc::SIGCONT);
+    }
+
     /// Peak resident memory (`VmHWM`) in MiB, while it runs.
     pub fn peak_rss_mib(&self) -> Option<f64> {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).ok()?;
