@@ -18,7 +18,12 @@ pub fn histogram_quantile(metrics: &str, name: &str, fraction: f64) -> f64 {
         .filter(|line| line.starts_with(&format!("{name}_bucket")))
     {
         let parsed = (|| {
-            let le = line.split("le=\"").nth(1)?.split('"').next()?;
+            // `le` is a label of its own, not the end of another (`table="…"` ends in `le="`).
+            let after = line
+                .split(",le=\"")
+                .nth(1)
+                .or_else(|| line.split("{le=\"").nth(1))?;
+            let le = after.split('"').next()?;
             let bound = if le == "+Inf" {
                 f64::INFINITY
             } else {
@@ -48,4 +53,23 @@ pub fn counter(stage: &contrail_integration_tests::cosmos::CosmosStage, name: &s
         .ok()
         .and_then(|status| status.counters.get(name).copied())
         .unwrap_or(0.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantiles_of_a_labelled_histogram_sum_the_label_sets() {
+        let text = "# TYPE x histogram\n\
+            x_bucket{table=\"a\",le=\"0.1\"} 1\n\
+            x_bucket{table=\"a\",le=\"1\"} 2\n\
+            x_bucket{table=\"a\",le=\"+Inf\"} 2\n\
+            x_bucket{table=\"b\",le=\"0.1\"} 0\n\
+            x_bucket{table=\"b\",le=\"1\"} 1\n\
+            x_bucket{table=\"b\",le=\"+Inf\"} 2\n";
+        assert_eq!(histogram_quantile(text, "x", 0.25), 0.1);
+        assert_eq!(histogram_quantile(text, "x", 0.5), 1.0);
+        assert_eq!(histogram_quantile(text, "x", 0.99), f64::INFINITY);
+    }
 }
