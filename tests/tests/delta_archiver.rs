@@ -486,11 +486,18 @@ fn a_frozen_zombie_cannot_commit_after_its_partitions_moved() {
         assert!(b.process.is_running(), "b exited: {}", b.process.log());
         std::thread::sleep(Duration::from_millis(250));
     }
-    let fenced = a.metric("contrail_delta_fenced_total", "");
-    println!("partition commits a had to drop: {fenced}");
+    // Whichever instance commits second for a partition finds the other's txn version and drops
+    // its batch: the thawed zombie when the new owner committed first, else the new owner (whose
+    // position, read before the zombie's late commit, is then stale). Either way exactly once,
+    // which the reader checks below.
+    let (fenced_a, fenced_b) = (
+        a.metric("contrail_delta_fenced_total", ""),
+        b.metric("contrail_delta_fenced_total", ""),
+    );
+    println!("partition commits dropped by the fence: a {fenced_a}, b {fenced_b}");
     assert!(
-        fenced >= 1.0,
-        "the zombie's commit was not fenced:\n{}",
+        fenced_a + fenced_b >= 1.0,
+        "no commit was fenced although a's partitions moved while it held a pending commit:\n{}",
         a.process.log()
     );
     let mut a = a;

@@ -296,4 +296,17 @@ mod tests {
         assert!(!rendered.contains("hunter2"), "{rendered}");
         assert!(rendered.contains("azure_storage_account_key"), "{rendered}");
     }
+
+    /// The annotated example in deploy/config parses with the real loader and is valid.
+    #[test]
+    fn the_example_configuration_is_valid() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../deploy/config/delta-archiver.example.toml");
+        let no_environment = figment::providers::Env::prefixed("CONTRAIL_EXAMPLE_TEST_UNSET_");
+        let config: DeltaArchiverConfig =
+            contrail_common::config::load_from(Some(&path), no_environment).expect("example parses");
+        assert_eq!(config.validate(), Ok(()));
+        assert!(config.delta_root.starts_with("abfss://"));
+        assert_eq!(config.topics.tables().len(), 4);
+    }
 }
