@@ -378,6 +378,8 @@ pub struct DedupUnderTest {
     /// The admin token.
     pub token: String,
     env: Vec<(String, String)>,
+    brokers: String,
+    raw_topic: String,
 }
 
 /// Topic names of one test deployment.
@@ -494,6 +496,8 @@ pub fn start_dedup_state(options: DedupOptions<'_>) -> Result<DedupUnderTest> {
         dir: options.dir,
         token,
         env,
+        brokers: options.brokers.to_owned(),
+        raw_topic: options.topics.raw.clone(),
     };
     stage.wait_ready(Duration::from_secs(30))?;
     Ok(stage)
@@ -579,6 +583,9 @@ impl DedupUnderTest {
 
     /// Waits until the instance owns `partitions` shards, has no lag and no unacknowledged output.
     pub fn wait_caught_up(&mut self, partitions: usize, timeout: Duration) -> Result<StatusResponse> {
+        // The ends of the raw topic, read from the topic: the local broker's high watermarks were
+        // seen below offsets it had served, so "lag 0" alone can be reported too early.
+        let ends = crate::quiescent_ends(&self.brokers, &self.raw_topic, Duration::from_millis(1_500))?;
         let deadline = Instant::now() + timeout;
         let mut last = None;
         while Instant::now() < deadline {
@@ -587,10 +594,9 @@ impl DedupUnderTest {
             }
             if let Ok(status) = self.status() {
                 let done = status.partitions.len() == partitions
-                    && status
-                        .partitions
-                        .iter()
-                        .all(|partition| partition.lag == 0 && partition.high_watermark > 0)
+                    && status.partitions.iter().all(|partition| {
+                        partition.committed_offset >= ends.get(&partition.partition).copied().unwrap_or(0)
+                    })
                     && status.in_flight == 0;
                 if done {
                     return Ok(status);
@@ -600,7 +606,7 @@ impl DedupUnderTest {
             std::thread::sleep(Duration::from_millis(250));
         }
         bail!(
-            "not caught up after {timeout:?}: {last:?}\n{}",
+            "not caught up to {ends:?} after {timeout:?}: {last:?}\n{}",
             self.process.log()
         )
     }

@@ -10,6 +10,7 @@
 //! Children die with the test process (`PR_SET_PDEATHSIG`), so a failed test leaks no broker.
 #![allow(unsafe_code)] // prctl/kill on child processes.
 
+use std::collections::BTreeMap;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -297,14 +298,8 @@ impl Drop for StageProcess {
     }
 }
 
-/// Reads every record of `topic` (all partitions, from the beginning) until `expected` records were
-/// read or `timeout` passed. Uses no consumer group.
-pub fn read_topic(
-    brokers: &str,
-    topic: &str,
-    expected: usize,
-    timeout: Duration,
-) -> Result<Vec<OwnedMessage>> {
+/// A group-less consumer assigned every partition of `topic` from the beginning.
+fn reader_from_beginning(brokers: &str, topic: &str) -> Result<BaseConsumer> {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", brokers)
         .set("group.id", "contrail-testkit-reader")
@@ -329,6 +324,39 @@ pub fn read_topic(
         assignment.add_partition_offset(topic, *partition, Offset::Beginning)?;
     }
     consumer.assign(&assignment)?;
+    Ok(consumer)
+}
+
+/// The end offset of every partition of `topic` that holds records, read from the topic until no
+/// record arrived for `idle` (what was produced so far). The local broker's high watermarks were
+/// seen below offsets it had already served, so tests read the ends instead of asking for them.
+pub fn quiescent_ends(brokers: &str, topic: &str, idle: Duration) -> Result<BTreeMap<i32, i64>> {
+    let consumer = reader_from_beginning(brokers, topic)?;
+    let mut ends = BTreeMap::new();
+    let mut quiet_since = Instant::now();
+    while quiet_since.elapsed() < idle {
+        match consumer.poll(Duration::from_millis(100)) {
+            Some(Ok(message)) => {
+                let end = ends.entry(message.partition()).or_insert(0);
+                *end = (*end).max(message.offset() + 1);
+                quiet_since = Instant::now();
+            }
+            Some(Err(error)) => bail!("reading {topic}: {error}"),
+            None => {}
+        }
+    }
+    Ok(ends)
+}
+
+/// Reads every record of `topic` (all partitions, from the beginning) until `expected` records were
+/// read or `timeout` passed. Uses no consumer group.
+pub fn read_topic(
+    brokers: &str,
+    topic: &str,
+    expected: usize,
+    timeout: Duration,
+) -> Result<Vec<OwnedMessage>> {
+    let consumer = reader_from_beginning(brokers, topic)?;
     let deadline = Instant::now() + timeout;
     let mut messages = Vec::new();
     while messages.len() < expected && Instant::now() < deadline {
