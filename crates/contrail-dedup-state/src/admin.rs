@@ -83,11 +83,7 @@ impl admin::admin_service_server::AdminService for DedupAdmin {
                 partition: shard.partition,
                 committed_offset: shard.next_offset,
                 high_watermark: high,
-                lag: if high >= 0 {
-                    (high - shard.next_offset.max(0)).max(0)
-                } else {
-                    -1
-                },
+                lag: contrail_common::kafka::partition_lag(high, shard.next_offset),
                 state_bytes: shard.state_bytes,
             })
             .collect();
