@@ -36,6 +36,15 @@ impl Topics {
         }
     }
 
+    /// Unique topics, created on the broker with `partitions` partitions each.
+    fn create(brokers: &str, partitions: i32) -> Topics {
+        let topics = Topics::unique();
+        let mut names: Vec<&str> = topics.by_table.values().map(String::as_str).collect();
+        names.push(&topics.dlq);
+        create_topics(brokers, &names, partitions).expect("topics");
+        topics
+    }
+
     fn env(&self, brokers: &str, group: &str, root: &Path) -> Vec<(String, String)> {
         vec![
             ("CONTRAIL_KAFKA__BROKERS".to_owned(), brokers.to_owned()),
@@ -77,6 +86,61 @@ impl Topics {
             })
             .collect()
     }
+}
+
+/// A producer thread per topic: `(table, records produced, thread answering the copies made)`.
+type Producers = Vec<(&'static str, usize, std::thread::JoinHandle<usize>)>;
+
+/// Produces each topic of `stream` from its own thread, in chunks of `chunk` records with every
+/// `every`-th record of a chunk re-sent byte-identically, pausing `pause_ms` between chunks.
+fn spawn_producers(
+    stream: &HistoryStream,
+    topics: &Topics,
+    brokers: &str,
+    chunk: usize,
+    every: usize,
+    pause_ms: u64,
+) -> Producers {
+    stream
+        .records()
+        .into_iter()
+        .map(|(table, records)| {
+            let count = records.len();
+            let brokers = brokers.to_owned();
+            let topic = topics.by_table[table].clone();
+            let thread = std::thread::spawn(move || {
+                produce_with_redeliveries(
+                    &brokers,
+                    &topic,
+                    &records,
+                    chunk,
+                    every,
+                    Duration::from_millis(pause_ms),
+                )
+                .expect("produce")
+            });
+            (table, count, thread)
+        })
+        .collect()
+}
+
+/// Waits for the producers; the copies they made and every partition's end, read from the topics.
+fn join_producers(
+    producers: Producers,
+    topics: &Topics,
+    brokers: &str,
+) -> (usize, BTreeMap<(String, i32), i64>) {
+    let mut copies = 0;
+    let mut ends = BTreeMap::new();
+    for (table, count, thread) in producers {
+        let redelivered = thread.join().expect("producer");
+        copies += redelivered;
+        let topic = &topics.by_table[table];
+        for (partition, end) in topic_ends(brokers, topic, count + redelivered).expect("ends") {
+            ends.insert((topic.clone(), partition), end);
+        }
+    }
+    (copies, ends)
 }
 
 fn check_exactly_once(
@@ -125,10 +189,7 @@ fn kill_9_mid_stream_and_between_flush_and_commit_leaves_one_row_per_identity() 
     let broker = shared_broker();
     let dir = test_dir("delta-archiver");
     let root = dir.join("delta");
-    let topics = Topics::unique();
-    let mut names: Vec<&str> = topics.by_table.values().map(String::as_str).collect();
-    names.push(&topics.dlq);
-    create_topics(&broker.address, &names, 4).expect("topics");
+    let topics = Topics::create(&broker.address, 4);
 
     // Eleven days of January 2013 → more than 200,000 records over the four topics.
     let stream = HistoryStream::from_raw(&replay_events((1, 1), (1, 11), realistic_feed(23)));
@@ -161,20 +222,7 @@ fn kill_9_mid_stream_and_between_flush_and_commit_leaves_one_row_per_identity() 
     let mut stage = CosmosStage::start("delta-archiver", env.clone(), &dir).expect("delta-archiver starts");
 
     // One producer per topic, each re-sending every 97th record of each chunk byte-identically.
-    let mut producers = Vec::new();
-    let mut produced: BTreeMap<&'static str, usize> = BTreeMap::new();
-    for (table, records) in stream.records() {
-        produced.insert(table, records.len());
-        let brokers = broker.address.clone();
-        let topic = topics.by_table[table].clone();
-        producers.push((
-            table,
-            std::thread::spawn(move || {
-                produce_with_redeliveries(&brokers, &topic, &records, 5_000, 97, Duration::from_millis(400))
-                    .expect("produce")
-            }),
-        ));
-    }
+    let producers = spawn_producers(&stream, &topics, &broker.address, 5_000, 97, 400);
 
     let mut moments = Moments::from_clock();
     let mut aimed_hits = 0;
@@ -199,18 +247,7 @@ fn kill_9_mid_stream_and_between_flush_and_commit_leaves_one_row_per_identity() 
             println!("kill {kill}: at a random moment");
         }
     }
-    let mut copies = 0;
-    let mut ends: BTreeMap<(String, i32), i64> = BTreeMap::new();
-    for (table, producer) in producers {
-        let redelivered = producer.join().expect("producer");
-        copies += redelivered;
-        let topic = &topics.by_table[table];
-        for (partition, end) in
-            topic_ends(&broker.address, topic, produced[table] + redelivered).expect("ends")
-        {
-            ends.insert((topic.clone(), partition), end);
-        }
-    }
+    let (copies, ends) = join_producers(producers, &topics, &broker.address);
     println!(
         "{copies} byte-identical redeliveries produced; {aimed_hits} kills landed between flush and commit"
     );
@@ -293,10 +330,7 @@ fn undecodable_records_go_to_the_dead_letter_topic_and_do_not_stop_the_partition
     let broker = shared_broker();
     let dir = test_dir("delta-dlq");
     let root = dir.join("delta");
-    let topics = Topics::unique();
-    let mut names: Vec<&str> = topics.by_table.values().map(String::as_str).collect();
-    names.push(&topics.dlq);
-    create_topics(&broker.address, &names, 1).expect("topics");
+    let topics = Topics::create(&broker.address, 1);
     let stream = HistoryStream::from_raw(&replay_events((1, 1), (1, 1), realistic_feed(3)));
     let mut records = stream.records().remove(0).1;
     records.truncate(500);
@@ -409,10 +443,7 @@ fn a_frozen_zombie_cannot_commit_after_its_partitions_moved() {
     let broker = shared_broker();
     let dir = test_dir("delta-zombie");
     let root = dir.join("delta");
-    let topics = Topics::unique();
-    let mut names: Vec<&str> = topics.by_table.values().map(String::as_str).collect();
-    names.push(&topics.dlq);
-    create_topics(&broker.address, &names, 4).expect("topics");
+    let topics = Topics::create(&broker.address, 4);
     let stream = HistoryStream::from_raw(&replay_events((1, 3), (1, 4), realistic_feed(31)));
     let expected = stream.expected_identities();
     println!("{} records over the four topics", stream.len());
@@ -436,20 +467,7 @@ fn a_frozen_zombie_cannot_commit_after_its_partitions_moved() {
     let mut b =
         CosmosStage::start("delta-archiver", settings("archiver-b"), &dir.join("b")).expect("b starts");
 
-    let mut producers = Vec::new();
-    let mut produced: BTreeMap<&'static str, usize> = BTreeMap::new();
-    for (table, records) in stream.records() {
-        produced.insert(table, records.len());
-        let brokers = broker.address.clone();
-        let topic = topics.by_table[table].clone();
-        producers.push((
-            table,
-            std::thread::spawn(move || {
-                produce_with_redeliveries(&brokers, &topic, &records, 2_000, 89, Duration::from_millis(300))
-                    .expect("produce")
-            }),
-        ));
-    }
+    let producers = spawn_producers(&stream, &topics, &broker.address, 2_000, 89, 300);
     // Freeze a between writing its Parquet files and committing them, for longer than the
     // session timeout: the group gives its partitions to b, which archives them.
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -463,16 +481,7 @@ fn a_frozen_zombie_cannot_commit_after_its_partitions_moved() {
     a.process.thaw();
     println!("a thawed: its pending commit must be refused");
 
-    let mut ends: BTreeMap<(String, i32), i64> = BTreeMap::new();
-    for (table, producer) in producers {
-        let redelivered = producer.join().expect("producer");
-        let topic = &topics.by_table[table];
-        for (partition, end) in
-            topic_ends(&broker.address, topic, produced[table] + redelivered).expect("ends")
-        {
-            ends.insert((topic.clone(), partition), end);
-        }
-    }
+    let (_, ends) = join_producers(producers, &topics, &broker.address);
     let deadline = Instant::now() + Duration::from_secs(300);
     loop {
         let committed = positions(&[&a, &b]);
