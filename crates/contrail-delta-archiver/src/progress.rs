@@ -60,7 +60,7 @@ pub enum FlushReason {
     Bytes,
     /// `batch.max_latency_ms` elapsed since the batch's first record.
     Latency,
-    /// The stage is stopping (or its partitions are being revoked).
+    /// The stage is stopping (SIGTERM): the batch in flight is committed before it exits.
     Stopping,
 }
 

@@ -71,7 +71,6 @@ pub enum CommitOutcome {
 /// The open tables.
 pub struct Tables {
     root: Url,
-    storage_options: HashMap<String, String>,
     tables: BTreeMap<Table, DeltaTable>,
     pause_before_commit: Duration,
     target_file_size: u64,
@@ -94,7 +93,6 @@ impl Tables {
         }
         Ok(Tables {
             root,
-            storage_options,
             tables,
             pause_before_commit: Duration::from_millis(config.testing.pause_before_commit_ms),
             target_file_size: config.delta.target_file_mb * 1024 * 1024,
@@ -104,11 +102,6 @@ impl Tables {
     /// The Delta root.
     pub fn root(&self) -> &Url {
         &self.root
-    }
-
-    /// The storage options (for maintenance).
-    pub fn storage_options(&self) -> &HashMap<String, String> {
-        &self.storage_options
     }
 
     fn table(&mut self, table: Table) -> Result<&mut DeltaTable, DeltaArchiverError> {
