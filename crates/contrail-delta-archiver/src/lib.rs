@@ -31,6 +31,7 @@ pub mod error;
 pub mod maintenance;
 pub mod metrics;
 pub mod progress;
+pub mod reader;
 pub mod schema;
 pub mod table;
 pub mod window;

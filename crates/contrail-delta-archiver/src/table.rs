@@ -390,6 +390,57 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_reader_returns_committed_rows_of_a_partition_with_their_commit_time() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let mut tables = Tables::open(&config(root.path(), 0)).await.expect("open");
+        let committed = rows(0, 25);
+        let refs: Vec<&Row> = committed.iter().collect();
+        let before = chrono::Utc::now().timestamp_millis();
+        tables
+            .commit(Table::ServingChanges, &refs, &[txn(None, 24)], &metrics())
+            .await
+            .expect("commit");
+        let root_text = root.path().display().to_string();
+        let all = crate::reader::scan(
+            &root_text,
+            &HashMap::new(),
+            Table::ServingChanges,
+            None,
+            &["id", "lsn"],
+        )
+        .await
+        .expect("scan");
+        assert_eq!(all.rows(), 25);
+        assert_eq!(all.version, Some(1));
+        let batch = all.batches().next().expect("a batch");
+        assert_eq!(batch.num_columns(), 2, "only the columns asked for");
+        assert!(all.files.iter().all(|file| file.added_at_ms >= before - 1000));
+        // The rows' change date: epoch second 1_357_000_000 is 2013-01-01T00:26:40Z.
+        let day = chrono::NaiveDate::from_ymd_opt(2013, 1, 1).expect("date");
+        let other = chrono::NaiveDate::from_ymd_opt(2012, 12, 31).expect("date");
+        let of_day = crate::reader::scan(
+            &root_text,
+            &HashMap::new(),
+            Table::ServingChanges,
+            Some(day),
+            &["id"],
+        )
+        .await
+        .expect("scan");
+        assert_eq!(of_day.rows(), 25);
+        let of_other = crate::reader::scan(
+            &root_text,
+            &HashMap::new(),
+            Table::ServingChanges,
+            Some(other),
+            &["id"],
+        )
+        .await
+        .expect("scan");
+        assert_eq!(of_other.rows(), 0);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_zombie_that_resumed_from_an_older_version_commits_nothing() {
         let root = tempfile::tempdir().expect("tempdir");
         let metrics = metrics();
