@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what contrail's build and tests need on a fresh Debian machine (idempotent, quick when
-# everything is present). Sourced by scripts/test.sh and scripts/demo.sh.
+# everything is present). Sourced by scripts/test.sh and scripts/up.sh.
 set -euo pipefail
 
 need_apt=()
@@ -10,6 +10,9 @@ dpkg -s zlib1g-dev >/dev/null 2>&1 || need_apt+=(zlib1g-dev)
 # librocksdb-sys runs bindgen, which needs libclang (only libclang-cpp is preinstalled).
 dpkg -s libclang-dev >/dev/null 2>&1 || need_apt+=(libclang-dev)
 dpkg -s g++ >/dev/null 2>&1 || need_apt+=(g++)
+# Headless Chromium and its WebDriver: the flight board's browser test.
+dpkg -s chromium >/dev/null 2>&1 || need_apt+=(chromium)
+dpkg -s chromium-driver >/dev/null 2>&1 || need_apt+=(chromium-driver)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing ${need_apt[*]}"
   apt-get update -qq

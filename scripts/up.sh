@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The README's first command: installs what is missing (scripts/setup.sh), builds the workspace, and
+# runs `contrail up` — the whole platform on this machine with a replay of real flights (January
+# 2013 by default) and the live flight board at http://127.0.0.1:8000/. Arguments go to
+# `contrail up` (see `contrail up --help`), e.g.:
+#   scripts/up.sh --chaos                      # kill -9 a random stage every 4 s
+#   scripts/up.sh --from 2013-06-01 --to 2013-06-30 --rate 5000
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/setup.sh
+# The same build as the tests (one feature set, one RocksDB build).
+cargo build --workspace --all-targets
+exec "$CARGO_TARGET_DIR/debug/contrail" up "$@"
