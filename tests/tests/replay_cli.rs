@@ -37,6 +37,9 @@ fn replay_posts_one_day_of_real_flights_with_duplicates() {
             "11",
             "--duplicate-rate",
             "0.2",
+            // As the in-process generation below (stragglers change which deliveries repeat).
+            "--straggler-rate",
+            "0",
             "--concurrency",
             "3",
             "--batch-size",
