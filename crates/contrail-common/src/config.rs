@@ -95,11 +95,34 @@ pub fn render_effective<T: Serialize>(config: &T) -> String {
     toml::to_string(config).unwrap_or_else(|error| format!("<cannot render config: {error}>"))
 }
 
-/// A secret string (token, key, connection string). Deserializes from a plain string; serializes
-/// and prints as `<redacted>` so it never reaches a log or the effective-config dump.
-#[derive(Clone, Default, PartialEq, Eq, Deserialize)]
-#[serde(transparent)]
+/// A secret string (token, key, connection string, storage option). Deserializes from a string —
+/// or from a bare boolean, which is what an environment variable like `…=true` parses as;
+/// serializes and prints as `<redacted>` so it never reaches a log or the effective-config dump.
+#[derive(Clone, Default, PartialEq, Eq)]
 pub struct Secret(String);
+
+impl<'de> Deserialize<'de> for Secret {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Secret, D::Error> {
+        struct Scalar;
+        impl serde::de::Visitor<'_> for Scalar {
+            type Value = Secret;
+            fn expecting(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                // A number is refused rather than re-printed: `007` would silently become `7`.
+                formatter.write_str("a string (a number must be quoted: CONTRAIL_…='\"007\"')")
+            }
+            fn visit_str<E: serde::de::Error>(self, value: &str) -> Result<Secret, E> {
+                Ok(Secret(value.to_owned()))
+            }
+            fn visit_string<E: serde::de::Error>(self, value: String) -> Result<Secret, E> {
+                Ok(Secret(value))
+            }
+            fn visit_bool<E: serde::de::Error>(self, value: bool) -> Result<Secret, E> {
+                Ok(Secret(value.to_string()))
+            }
+        }
+        deserializer.deserialize_any(Scalar)
+    }
+}
 
 impl Secret {
     /// Wraps a value.
@@ -225,6 +248,24 @@ mod tests {
     fn missing_config_file_is_named() {
         let error = load::<Sample>(Some(Path::new("/nonexistent/contrail.toml"))).expect_err("missing");
         assert!(error.to_string().contains("/nonexistent/contrail.toml"));
+    }
+
+    #[test]
+    fn a_secret_set_to_a_bare_boolean_is_its_text_and_a_bare_number_is_refused() {
+        figment::Jail::expect_with(|jail| {
+            let environment = || Env::prefixed("TESTCFG_").split("__");
+            jail.set_env("TESTCFG_TOKEN", "true");
+            let sample: Sample = load_from(None, environment()).map_err(|error| error.to_string())?;
+            assert_eq!(sample.token.expose(), "true");
+            jail.set_env("TESTCFG_TOKEN", "007");
+            let error = load_from::<Sample>(None, environment()).expect_err("a number");
+            assert!(error.to_string().contains("token"), "{error}");
+            assert!(error.to_string().contains("quoted"), "{error}");
+            jail.set_env("TESTCFG_TOKEN", "\"007\"");
+            let sample: Sample = load_from(None, environment()).map_err(|error| error.to_string())?;
+            assert_eq!(sample.token.expose(), "007");
+            Ok(())
+        });
     }
 
     #[test]
