@@ -1,0 +1,169 @@
+//! The deployment files, validated without Docker, a cluster or a helm binary (none exist here):
+//! `tests/python/check_deploy.py` parses the compose file, the chart's YAML and templates and the
+//! Dockerfile, and collects the `CONTRAIL_*` settings each stage gets from them; this test then
+//! starts every stage binary with exactly those settings (`--print-config`), which fails on any key
+//! its config struct does not have (`deny_unknown_fields`), and checks that every binary the
+//! Dockerfile builds is one the workspace builds.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use contrail_integration_tests::{test_dir, workspace_binary};
+
+#[derive(Debug, serde::Deserialize)]
+struct Report {
+    problems: Vec<String>,
+    env: BTreeMap<String, BTreeMap<String, Option<String>>>,
+    binaries: Vec<String>,
+    targets: Vec<String>,
+}
+
+fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn check(root: &Path) -> Report {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python/check_deploy.py");
+    let output = std::process::Command::new("python3")
+        .arg(&script)
+        .arg(root)
+        .output()
+        .expect("python3 (PyYAML)");
+    assert!(
+        output.status.success(),
+        "check_deploy.py failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).expect("the checker's JSON")
+}
+
+/// A value of the right type for a setting whose value the chart computes at install time.
+fn placeholder(key: &str) -> String {
+    let value = match key {
+        k if k.ends_with("LISTEN__HTTP") || k.ends_with("LISTEN__GRPC") => "0.0.0.0:1",
+        "CONTRAIL_INSTANCE" => "stage-0",
+        "CONTRAIL_KAFKA__EVENT_HUBS_CONNECTION_STRING" => {
+            "Endpoint=sb://ns.servicebus.windows.net/;SharedAccessKeyName=send;SharedAccessKey=not-a-key"
+        }
+        "CONTRAIL_CHECKPOINT__PEERS" => "[\"http://dedup-state-0.dedup-state-headless:9091\"]",
+        "CONTRAIL_COSMOS__AUTH" => "workload_identity",
+        k if k.ends_with("_MS") || k.ends_with("_S") || k.ends_with("PARTITIONS") => "1000",
+        k if k.ends_with("CREATE") || k.ends_with("CREATE_IF_MISSING") || k.ends_with("COORDINATOR") => {
+            "false"
+        }
+        k if k.ends_with("STATIC_MEMBERSHIP") => "true",
+        _ => "placeholder",
+    };
+    value.to_owned()
+}
+
+/// Runs `stage --print-config` with `env` (and nothing else of ours); the error on failure.
+fn print_config(stage: &str, env: &BTreeMap<String, Option<String>>) -> Result<String, String> {
+    let mut command = std::process::Command::new(workspace_binary(stage).expect("stage binary"));
+    command.arg("--print-config");
+    for (key, _) in std::env::vars() {
+        if key.starts_with("CONTRAIL_") {
+            command.env_remove(key);
+        }
+    }
+    for (key, value) in env {
+        command.env(key, value.clone().unwrap_or_else(|| placeholder(key)));
+    }
+    let output = command.output().expect("run the stage");
+    if output.status.success() {
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    } else {
+        Err(String::from_utf8_lossy(&output.stderr).into_owned())
+    }
+}
+
+#[test]
+fn compose_chart_and_dockerfile_use_only_settings_and_binaries_that_exist() {
+    let report = check(&repo_root());
+    assert!(report.problems.is_empty(), "{:#?}", report.problems);
+    assert_eq!(report.env.len(), 5, "{:?}", report.env.keys());
+    for (stage, env) in &report.env {
+        assert!(env.contains_key("CONTRAIL_KAFKA__BROKERS"), "{stage}: {env:?}");
+        assert!(env.contains_key("CONTRAIL_AUTH__TOKENS_FILE"), "{stage}: {env:?}");
+        let effective = print_config(stage, env).unwrap_or_else(|error| {
+            panic!("{stage} refuses the settings the deployment files give it: {error}")
+        });
+        // The secrets the chart passes are never printed.
+        assert!(
+            !effective.contains("not-a-key"),
+            "{stage} printed a secret:\n{effective}"
+        );
+    }
+    assert!(report.env["dedup-state"].contains_key("CONTRAIL_CHECKPOINT__PEERS"));
+    assert!(
+        !report.env["ingest"].contains_key("CONTRAIL_COSMOS__KEY"),
+        "only the Cosmos stages get the key"
+    );
+    for binary in &report.binaries {
+        workspace_binary(binary).unwrap_or_else(|error| panic!("the Dockerfile builds {binary}: {error}"));
+    }
+    for target in [
+        "ingest",
+        "dedup-state",
+        "cosmos-writer",
+        "changefeed-sync",
+        "delta-archiver",
+        "contrail",
+    ] {
+        assert!(
+            report.targets.iter().any(|t| t == target),
+            "Dockerfile target {target}"
+        );
+    }
+}
+
+#[test]
+fn the_checks_catch_an_unknown_setting_and_a_value_the_chart_does_not_define() {
+    let root = test_dir("deploy-broken");
+    let copy = |relative: &str| {
+        let target = root.join(relative);
+        std::fs::create_dir_all(target.parent().expect("parent")).expect("dir");
+        std::fs::copy(repo_root().join(relative), &target).expect("copy");
+    };
+    for file in [
+        "docker-compose.yml",
+        ".dockerignore",
+        "deploy/docker/Dockerfile",
+        "deploy/helm/contrail/Chart.yaml",
+        "deploy/helm/contrail/values.yaml",
+        "deploy/helm/contrail/values-production.yaml",
+        "deploy/helm/contrail/templates/_helpers.tpl",
+        "deploy/helm/contrail/templates/stages.yaml",
+        "deploy/helm/contrail/templates/secret.yaml",
+    ] {
+        copy(file);
+    }
+    // A misspelled setting in the values, and a template reading a value nobody defined.
+    let values = root.join("deploy/helm/contrail/values.yaml");
+    let text = std::fs::read_to_string(&values).expect("values");
+    let text = text.replacen(
+        "    env:\n      CONTRAIL_TOPICS__CREATE: \"false\"\n",
+        "    env:\n      CONTRAIL_TOPICS__CREATE: \"false\"\n      CONTRAIL_TOPICS__PARTITONS: \"8\"\n",
+        1,
+    );
+    std::fs::write(&values, text).expect("write");
+    let secret = root.join("deploy/helm/contrail/templates/secret.yaml");
+    let text = std::fs::read_to_string(&secret).expect("template");
+    std::fs::write(
+        &secret,
+        text.replace(".Values.secrets.cosmosKey", ".Values.secrets.cosmosKye"),
+    )
+    .expect("write");
+
+    let report = check(&root);
+    assert!(
+        report
+            .problems
+            .iter()
+            .any(|problem| problem.contains(".Values.secrets.cosmosKye")),
+        "{:#?}",
+        report.problems
+    );
+    let error = print_config("ingest", &report.env["ingest"]).expect_err("an unknown key");
+    assert!(error.contains("partitons"), "the error names the key: {error}");
+}
