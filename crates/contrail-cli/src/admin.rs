@@ -175,15 +175,13 @@ impl Stage {
         }
     }
 
-    /// The stage's admin gRPC port when its config does not set one (each stage's `config.rs`).
+    /// The stage's admin gRPC port when its config does not set one (each stage's `config.rs`;
+    /// the table `contrail up` starts the stages with).
     fn default_admin_port(self) -> u16 {
-        match self {
-            Stage::Ingest => 9090,
-            Stage::DedupState => 9091,
-            Stage::CosmosWriter => 9192,
-            Stage::ChangefeedSync => 9193,
-            Stage::DeltaArchiver => 9194,
-        }
+        crate::platform::STAGES
+            .iter()
+            .find(|spec| spec.name == self.name())
+            .map_or(0, |spec| spec.grpc)
     }
 
     /// Parses a `--stage` value; the error names the bad value and lists the valid ones.

@@ -116,7 +116,20 @@ impl Platform {
     }
 }
 
+/// Marks a directory `contrail up` made, so it only ever empties its own.
+const WORKDIR_MARKER: &str = ".contrail-up";
+
 fn prepare_workdir(workdir: &Path) -> Result<()> {
+    let foreign = std::fs::read_dir(workdir)
+        .map(|mut entries| entries.next().is_some())
+        .unwrap_or(false)
+        && !workdir.join(WORKDIR_MARKER).exists();
+    if foreign {
+        bail!(
+            "--workdir {} is not empty and was not made by contrail up (no {WORKDIR_MARKER} in it): pick a new or empty directory",
+            workdir.display()
+        );
+    }
     for sub in ["logs", "shards", "checkpoints", "delta", "cursors"] {
         let path = workdir.join(sub);
         if path.exists() {
@@ -125,6 +138,11 @@ fn prepare_workdir(workdir: &Path) -> Result<()> {
     }
     std::fs::create_dir_all(workdir.join("logs"))
         .with_context(|| format!("creating {}", workdir.display()))?;
+    std::fs::write(
+        workdir.join(WORKDIR_MARKER),
+        "made by contrail up, which empties logs/ shards/ checkpoints/ delta/ cursors/ here at start\n",
+    )
+    .with_context(|| format!("writing {}", workdir.join(WORKDIR_MARKER).display()))?;
     Ok(())
 }
 
@@ -476,6 +494,9 @@ async fn drive(
             loop {
                 {
                     let mut guard = platform.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                    if guard.stopping {
+                        return; // shutting down (Ctrl-C or a failed replay): restart nothing
+                    }
                     let enough = guard.stages.iter().all(|stage| stage.kills >= min_kills);
                     if replay_done.load(Ordering::SeqCst) && enough {
                         chaos_done.store(true, Ordering::SeqCst);
@@ -954,6 +975,25 @@ fn print_summary(summary: &Value, report: &Report) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_new_empty_or_own_working_directory_is_emptied() {
+        let base = std::env::temp_dir().join(format!("contrail-up-workdir-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        // A new directory: made and marked.
+        prepare_workdir(&base).expect("new");
+        assert!(base.join(WORKDIR_MARKER).is_file());
+        std::fs::create_dir_all(base.join("delta/events")).expect("data of a run");
+        prepare_workdir(&base).expect("its own");
+        assert!(!base.join("delta").exists(), "the previous run's tables are gone");
+        // Somebody else's directory with a `logs` folder is refused and left alone.
+        let foreign = base.join("home");
+        std::fs::create_dir_all(foreign.join("logs")).expect("foreign");
+        let error = prepare_workdir(&foreign).expect_err("not ours").to_string();
+        assert!(error.contains("not empty"), "{error}");
+        assert!(foreign.join("logs").exists());
+        let _ = std::fs::remove_dir_all(&base);
+    }
 
     #[test]
     fn distributions_are_nearest_rank_percentiles() {
