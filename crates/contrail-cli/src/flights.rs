@@ -115,35 +115,9 @@ pub async fn run(args: FlightsArgs) -> Result<()> {
 
 /// A document as aligned `field  value` lines, in the contract's field order.
 pub fn describe(document: &Value) -> String {
-    const FIELDS: [&str; 25] = [
-        "flightKey",
-        "carrier",
-        "flightNumber",
-        "origin",
-        "destination",
-        "serviceDate",
-        "status",
-        "scheduledOut",
-        "scheduledIn",
-        "estimatedOut",
-        "estimatedIn",
-        "actualOut",
-        "actualOff",
-        "actualOn",
-        "actualIn",
-        "gate",
-        "terminal",
-        "tailNumber",
-        "delayMinutes",
-        "delayCodes",
-        "divertedTo",
-        "version",
-        "lastEventId",
-        "lastEventTime",
-        "updatedAt",
-    ];
     let mut text = String::new();
-    for field in FIELDS {
+    // `id` equals `flightKey`; shown once.
+    for field in contrail_dedup::document::FIELDS.into_iter().skip(1) {
         let value = match &document[field] {
             Value::Null => "—".to_owned(),
             Value::String(text) if text.is_empty() => "—".to_owned(),

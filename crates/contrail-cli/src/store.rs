@@ -176,9 +176,9 @@ impl Stores {
         Ok(states)
     }
 
-    /// Everything the exactly-once checks compare; the Cosmos documents only `with_documents` (a
-    /// query over the whole container is the expensive part).
-    pub async fn observe(&self, with_documents: bool) -> Result<Observed> {
+    /// What the exactly-once checks compare from the Delta tables; `documents` is left empty
+    /// (fill it with [`Stores::versions`]: a query over the whole container, the expensive part).
+    pub async fn observe_history(&self) -> Result<Observed> {
         let root = &self.delta_root;
         let none = HashMap::new();
         let events = scan(root, &none, Table::Events, None, &["flight_key", "event_id"]).await?;
@@ -200,9 +200,6 @@ impl Stores {
         )
         .await?;
         let mut observed = Observed::default();
-        if with_documents {
-            observed.documents = self.versions().await?;
-        }
         for batch in events.batches() {
             for (key, id) in strings(batch, "flight_key")?
                 .into_iter()

@@ -657,20 +657,23 @@ async fn drive(
     loop {
         // Delta first; Cosmos (a query over every document) only once the history is complete —
         // serving_changes holding every flight's last version implies Cosmos has it too.
-        report = match stores.observe(false).await {
-            Ok(observed) => {
+        report = match stores.observe_history().await {
+            Ok(mut observed) => {
                 let history = evaluate(&totals.events, &observed);
-                if history
+                let complete = history
                     .checks
                     .iter()
-                    .all(|check| check.passed || check.name.starts_with("cosmos"))
-                {
-                    match stores.observe(true).await {
-                        Ok(observed) => evaluate(&totals.events, &observed),
+                    .all(|check| check.passed || check.name.starts_with("cosmos"));
+                if !complete {
+                    history
+                } else {
+                    match stores.versions().await {
+                        Ok(documents) => {
+                            observed.documents = documents;
+                            evaluate(&totals.events, &observed)
+                        }
                         Err(_) => history,
                     }
-                } else {
-                    history
                 }
             }
             Err(error) => {

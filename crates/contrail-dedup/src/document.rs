@@ -14,6 +14,36 @@ pub fn time(us: Option<i64>) -> Value {
         })
 }
 
+/// The document's fields in the contract's order (DESIGN §5).
+pub const FIELDS: [&str; 26] = [
+    "id",
+    "flightKey",
+    "carrier",
+    "flightNumber",
+    "origin",
+    "destination",
+    "serviceDate",
+    "status",
+    "scheduledOut",
+    "scheduledIn",
+    "estimatedOut",
+    "estimatedIn",
+    "actualOut",
+    "actualOff",
+    "actualOn",
+    "actualIn",
+    "gate",
+    "terminal",
+    "tailNumber",
+    "delayMinutes",
+    "delayCodes",
+    "divertedTo",
+    "version",
+    "lastEventId",
+    "lastEventTime",
+    "updatedAt",
+];
+
 /// The document of `state`.
 pub fn flight_document(state: &FlightState) -> Value {
     json!({
@@ -61,34 +91,7 @@ mod tests {
             ..FlightState::default()
         };
         let document = flight_document(&state);
-        let expected = [
-            "id",
-            "flightKey",
-            "carrier",
-            "flightNumber",
-            "origin",
-            "destination",
-            "serviceDate",
-            "status",
-            "scheduledOut",
-            "scheduledIn",
-            "estimatedOut",
-            "estimatedIn",
-            "actualOut",
-            "actualOff",
-            "actualOn",
-            "actualIn",
-            "gate",
-            "terminal",
-            "tailNumber",
-            "delayMinutes",
-            "delayCodes",
-            "divertedTo",
-            "version",
-            "lastEventId",
-            "lastEventTime",
-            "updatedAt",
-        ];
+        let expected = FIELDS;
         let object = document.as_object().expect("object");
         assert_eq!(object.len(), expected.len());
         for field in expected {
