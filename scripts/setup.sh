@@ -39,6 +39,12 @@ if ! python3 -c 'import deltalake, polars, pyarrow' >/dev/null 2>&1; then
   python3 -m pip install --quiet --disable-pip-version-check deltalake==1.1.4 polars==1.31.0 pyarrow==21.0.0
 fi
 
+# PyYAML: the deployment files' checker (tests/python/check_deploy.py).
+if ! python3 -c 'import yaml' >/dev/null 2>&1; then
+  echo "setup: installing PyYAML (Python) for the deployment checks"
+  python3 -m pip install --quiet --disable-pip-version-check pyyaml==6.0.3
+fi
+
 if ! command -v cargo-nextest >/dev/null 2>&1; then
   echo "setup: installing cargo-nextest"
   cargo install --locked cargo-nextest >/dev/null
