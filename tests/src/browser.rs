@@ -18,7 +18,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use reqwest::Method;
 use serde_json::{Value, json};
 
-use crate::free_port;
+use crate::{Probe, free_port};
 
 /// Command-line switches for Chromium: headless, and runnable as root in a container without a GPU
 /// or a large `/dev/shm`.
@@ -37,12 +37,11 @@ const CHROMEDRIVER_ENV: &str = "CONTRAIL_CHROMEDRIVER";
 const INSTALL_HINT: &str = "install the Debian packages chromium and chromium-driver";
 
 /// How long chromedriver may take to answer `/status` as ready.
-const DRIVER_READY_TIMEOUT: Duration = Duration::from_secs(30);
+const DRIVER_READY_TIMEOUT: Duration = Duration::from_secs(120);
 /// Bounds every WebDriver call; a cold Chromium start on a busy machine takes several seconds.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(120);
 /// Deleting the session on drop should not hold a failing test up for long.
 const DELETE_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
-const WAIT_FOR_POLL_INTERVAL: Duration = Duration::from_millis(200);
 
 /// The W3C key under which an element reference is returned.
 const ELEMENT_KEY: &str = "element-6066-11e4-a52e-4f735466cecf";
@@ -206,37 +205,21 @@ impl Browser {
         Ok(())
     }
 
-    /// Calls `probe` every 200 ms until it returns `Some`, for at most `timeout`.
-    ///
-    /// Probe errors are retried (the page may still be loading); on timeout the error names
-    /// `what` and the last probe error.
+    /// Calls `probe` until it reports [`Probe::Ready`], for at most `timeout` (see
+    /// [`crate::wait_until`]). Probe errors count as "not yet" (the page may still be loading); on
+    /// timeout the error names `what` and what the probe saw (or the error it met) last.
     pub fn wait_for<T>(
         &self,
         what: &str,
         timeout: Duration,
-        mut probe: impl FnMut(&Browser) -> Result<Option<T>>,
+        mut probe: impl FnMut(&Browser) -> Result<Probe<T>>,
     ) -> Result<T> {
-        let deadline = Instant::now() + timeout;
-        let mut last_error = None;
-        loop {
-            match probe(self) {
-                Ok(Some(found)) => return Ok(found),
-                Ok(None) => {}
-                Err(error) => last_error = Some(error),
-            }
-            if Instant::now() >= deadline {
-                return Err(match last_error {
-                    Some(error) => {
-                        anyhow!("timed out after {timeout:?} waiting for {what}; last probe error: {error:#}")
-                    }
-                    None => anyhow!(
-                        "timed out after {timeout:?} waiting for {what}; the probe never failed \
-                         but the condition never held"
-                    ),
-                });
-            }
-            std::thread::sleep(WAIT_FOR_POLL_INTERVAL);
-        }
+        crate::wait_until(what, timeout, || {
+            Ok(match probe(self) {
+                Ok(seen) => seen,
+                Err(error) => Probe::NotYet(format!("probe error: {error:#}")),
+            })
+        })
     }
 
     /// A PNG screenshot of the viewport.
@@ -971,7 +954,11 @@ setTimeout(() => {
         browser.goto(&url)?;
         let items = browser.wait_for("three items in #x", Duration::from_secs(10), |browser| {
             let texts = browser.texts("#x li")?;
-            Ok((texts.len() == 3).then_some(texts))
+            Ok(if texts.len() == 3 {
+                Probe::Ready(texts)
+            } else {
+                Probe::NotYet(format!("items {texts:?}"))
+            })
         })?;
         assert_eq!(items, ["alpha", "bravo", "charlie"]);
         let title: String = browser.execute("return document.title;", vec![])?;

@@ -13,7 +13,7 @@ use contrail_proto::v1::{FlightState, OperationalEvent};
 use prost::Message as _;
 use rdkafka::producer::Producer as _;
 
-use crate::{StageProcess, free_port, http_get, workspace_binary};
+use crate::{Probe, StageProcess, answers_200, free_port, http_get, workspace_binary};
 
 /// The key every test process uses against the dev endpoint (which checks no signature).
 pub const DEV_KEY: &str = "Y29udHJhaWwtZGV2LWtleQ==";
@@ -24,59 +24,88 @@ pub struct CosmosDev {
     pub process: StageProcess,
     /// `http://127.0.0.1:PORT/`.
     pub endpoint: String,
+    /// The account key clients sign with.
+    pub key: String,
 }
 
 impl CosmosDev {
-    /// Starts the dev endpoint on a free port, logging into `dir`.
+    /// Starts the dev endpoint on a free port, logging into `dir`; it accepts any key.
     pub fn start(dir: &Path) -> Result<CosmosDev> {
+        CosmosDev::start_with_key(dir, None)
+    }
+
+    /// Starts the dev endpoint; with `key`, requests must be signed with it, as the service
+    /// checks.
+    pub fn start_with_key(dir: &Path, key: Option<&str>) -> Result<CosmosDev> {
         std::fs::create_dir_all(dir)?;
         let port = free_port();
         let binary = workspace_binary("cosmos-dev")?;
-        let env = vec![
+        let mut env = vec![
             (
                 "CONTRAIL_COSMOS_DEV_LISTEN".to_owned(),
                 format!("127.0.0.1:{port}"),
             ),
             ("RUST_LOG".to_owned(), "warn".to_owned()),
         ];
-        let mut process = StageProcess::spawn(&binary, &env, &dir.join("cosmos-dev.log"))?;
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let health = format!("http://127.0.0.1:{port}/_dev/healthz");
-        while Instant::now() < deadline {
-            if !process.is_running() {
-                bail!("cosmos-dev exited:\n{}", process.log());
-            }
-            if http_get(&health).is_ok_and(|response| response.starts_with("HTTP/1.1 200")) {
-                return Ok(CosmosDev {
-                    process,
-                    endpoint: format!("http://127.0.0.1:{port}/"),
-                });
-            }
-            std::thread::sleep(Duration::from_millis(50));
+        if let Some(key) = key {
+            env.push(("CONTRAIL_COSMOS_DEV_KEY".to_owned(), key.to_owned()));
         }
-        bail!("cosmos-dev not ready:\n{}", process.log())
+        let mut process = StageProcess::spawn(&binary, &env, &dir.join("cosmos-dev.log"))?;
+        let health = format!("http://127.0.0.1:{port}/_dev/healthz");
+        process.wait_until(&format!("GET {health} → 200"), Duration::from_secs(60), || {
+            Ok(answers_200(&health))
+        })?;
+        Ok(CosmosDev {
+            process,
+            endpoint: format!("http://127.0.0.1:{port}/"),
+            key: key.unwrap_or(DEV_KEY).to_owned(),
+        })
+    }
+
+    /// Replaces the account key (as regenerating it in Azure does): clients signing with the old
+    /// one are refused from now on. [`CosmosDev::env`] and [`CosmosDev::containers`] use the new.
+    pub fn rotate_key(&mut self, key: &str) -> Result<()> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let answer = runtime.block_on(
+            reqwest::Client::new()
+                .post(format!("{}_dev/key", self.endpoint))
+                .body(key.to_owned())
+                .send(),
+        )?;
+        if !answer.status().is_success() {
+            bail!("rotating the key: {}", answer.status());
+        }
+        self.key = key.to_owned();
+        Ok(())
     }
 
     /// The `[cosmos]` settings of a stage using this endpoint, as `CONTRAIL_COSMOS__*` variables.
     pub fn env(&self) -> Vec<(String, String)> {
         vec![
             ("CONTRAIL_COSMOS__ENDPOINT".to_owned(), self.endpoint.clone()),
-            ("CONTRAIL_COSMOS__KEY".to_owned(), DEV_KEY.to_owned()),
+            ("CONTRAIL_COSMOS__KEY".to_owned(), self.key.clone()),
         ]
     }
 
     /// A client of this endpoint in the test process, with the containers created.
     pub async fn containers(&self) -> Result<contrail_cosmos::Containers> {
-        containers_at(&self.endpoint).await
+        containers_with_key(&self.endpoint, &self.key).await
     }
 }
 
 /// A client of the dev endpoint at `endpoint` (e.g. from another thread), with the containers
 /// created.
 pub async fn containers_at(endpoint: &str) -> Result<contrail_cosmos::Containers> {
+    containers_with_key(endpoint, DEV_KEY).await
+}
+
+/// A client of the endpoint signing with `key`, with the containers created.
+pub async fn containers_with_key(endpoint: &str, key: &str) -> Result<contrail_cosmos::Containers> {
     let config = contrail_cosmos::CosmosConfig {
         endpoint: endpoint.to_owned(),
-        key: contrail_common::config::Secret::new(DEV_KEY),
+        key: contrail_common::config::Secret::new(key),
         ..contrail_cosmos::CosmosConfig::default()
     };
     Ok(config.open("contrail-tests").await?)
@@ -84,13 +113,14 @@ pub async fn containers_at(endpoint: &str) -> Result<contrail_cosmos::Containers
 
 /// A curated stream: for every flight of `events`, one `FlightState` per distinct accepted event
 /// (duplicates by event id dropped), version k = the fold of the flight's first k events in
-/// event-time order — what dedup-state emits, computed here without it. In arrival order.
+/// event-time order — what dedup-state emits, computed here without it. In arrival order; each
+/// state carries the input position of the event that produced it (when the event has one).
 pub fn curated_stream(events: &[OperationalEvent]) -> Vec<FlightState> {
-    let mut seen: HashSet<&str> = HashSet::new();
+    let mut seen: HashSet<(&str, &str)> = HashSet::new();
     let mut per_flight: HashMap<&str, Vec<&OperationalEvent>> = HashMap::new();
     let mut states = Vec::new();
     for event in events {
-        if !seen.insert(event.event_id.as_str()) {
+        if !seen.insert((event.flight_key.as_str(), event.event_id.as_str())) {
             continue;
         }
         let accepted = per_flight.entry(event.flight_key.as_str()).or_default();
@@ -102,6 +132,7 @@ pub fn curated_stream(events: &[OperationalEvent]) -> Vec<FlightState> {
             apply(&mut state, event);
         }
         state.version = accepted.len() as u64;
+        state.input = event.input.clone();
         states.push(state);
     }
     states
@@ -322,18 +353,22 @@ impl CosmosStage {
     }
 
     fn wait_ready(&mut self) -> Result<()> {
-        let deadline = Instant::now() + Duration::from_secs(60);
         let url = format!("{}/readyz", self.http_url);
-        while Instant::now() < deadline {
-            if !self.process.is_running() {
-                bail!("{} exited during start:\n{}", self.binary, self.process.log());
-            }
-            if http_get(&url).is_ok_and(|response| response.starts_with("HTTP/1.1 200")) {
-                return Ok(());
-            }
-            std::thread::sleep(Duration::from_millis(50));
+        self.process
+            .wait_until(&format!("GET {url} → 200"), Duration::from_secs(120), || {
+                Ok(answers_200(&url))
+            })
+    }
+
+    /// SIGTERM, then start again with `changes` to its settings (a redeployment).
+    pub fn redeploy(&mut self, changes: &[(&str, &str)]) -> Result<()> {
+        self.process.terminate(Duration::from_secs(60))?;
+        for (key, value) in changes {
+            self.env.retain(|(existing, _)| existing != key);
+            self.env.push(((*key).to_owned(), (*value).to_owned()));
         }
-        bail!("{} not ready:\n{}", self.binary, self.process.log())
+        self.process = StageProcess::spawn(&workspace_binary(&self.binary)?, &self.env, &self.log)?;
+        self.wait_ready()
     }
 
     /// `kill -9` and start again with the same settings.
@@ -345,19 +380,7 @@ impl CosmosStage {
 
     /// The admin API's status.
     pub fn status(&self) -> Result<contrail_proto::admin::v1::StatusResponse> {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
-        runtime.block_on(async {
-            let mut client = contrail_proto::admin::v1::admin_service_client::AdminServiceClient::connect(
-                self.grpc_url.clone(),
-            )
-            .await?;
-            Ok(client
-                .status(contrail_proto::admin::v1::StatusRequest {})
-                .await?
-                .into_inner())
-        })
+        status_at(&self.grpc_url)
     }
 
     /// Waits until a consuming stage has committed every partition of `topic` up to its end. The
@@ -381,29 +404,26 @@ impl CosmosStage {
     /// Waits until the stage's admin `Status` reports every `(topic, partition)` of `ends`
     /// committed up to (at least) its end offset.
     pub fn wait_positions(&mut self, ends: &BTreeMap<(String, i32), i64>, timeout: Duration) -> Result<()> {
-        let deadline = Instant::now() + timeout;
-        let mut last = None;
-        while Instant::now() < deadline {
-            if !self.process.is_running() {
-                bail!("{} exited:\n{}", self.binary, self.process.log());
-            }
-            if let Ok(status) = self.status() {
+        let grpc_url = self.grpc_url.clone();
+        self.process.wait_until(
+            &format!("every partition committed up to {ends:?}"),
+            timeout,
+            || {
+                let status = match status_at(&grpc_url) {
+                    Ok(status) => status,
+                    Err(error) => return Ok(Probe::NotYet(format!("admin Status: {error:#}"))),
+                };
                 let committed: BTreeMap<(String, i32), i64> = status
                     .partitions
                     .iter()
                     .map(|p| ((p.topic.clone(), p.partition), p.committed_offset))
                     .collect();
                 if ends.iter().all(|(key, end)| committed.get(key) >= Some(end)) {
-                    return Ok(());
+                    Ok(Probe::Ready(()))
+                } else {
+                    Ok(Probe::NotYet(format!("committed {committed:?}")))
                 }
-                last = Some(committed);
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        }
-        bail!(
-            "{} has not committed up to {ends:?} after {timeout:?}: {last:?}\n{}",
-            self.binary,
-            self.process.log()
+            },
         )
     }
 
@@ -414,10 +434,234 @@ impl CosmosStage {
 
     /// A metric's value from `/metrics` (sum over label sets whose line contains `filter`).
     pub fn metric(&self, name: &str, filter: &str) -> f64 {
-        self.metrics_text()
-            .lines()
-            .filter(|line| line.starts_with(name) && line.contains(filter))
-            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
+        metric_at(&self.http_url, name, filter)
     }
+}
+
+/// A metric's value from `{http_url}/metrics` (sum over label sets whose line contains `filter`;
+/// 0 when the endpoint does not answer).
+pub fn metric_at(http_url: &str, name: &str, filter: &str) -> f64 {
+    http_get(&format!("{http_url}/metrics"))
+        .unwrap_or_default()
+        .lines()
+        .filter(|line| line.starts_with(name) && line.contains(filter))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// The admin `Status` of the stage whose gRPC server is at `grpc_url`.
+pub fn status_at(grpc_url: &str) -> Result<contrail_proto::admin::v1::StatusResponse> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let mut client =
+            contrail_proto::admin::v1::admin_service_client::AdminServiceClient::connect(grpc_url.to_owned())
+                .await?;
+        Ok(client
+            .status(contrail_proto::admin::v1::StatusRequest {})
+            .await?
+            .into_inner())
+    })
+}
+
+/// The serving documents DESIGN §3.4 and §5 call for, computed from the events alone, written out
+/// here field by field — not with the stages' fold or document code: per flight, its distinct
+/// `(flight_key, event_id)` events folded in (event_time, event_id) order, `version` = their count.
+/// Times are instants (compared as such by [`contract_differences`]).
+pub fn contract_documents(events: &[OperationalEvent]) -> BTreeMap<String, serde_json::Value> {
+    use contrail_proto::v1::EventType;
+    use serde_json::{Value, json};
+    // A redelivery is the event's first delivery again: keep the first per (flight, id).
+    let mut seen: HashSet<(&str, &str)> = HashSet::new();
+    let mut per_flight: BTreeMap<&str, Vec<&OperationalEvent>> = BTreeMap::new();
+    for event in events {
+        if seen.insert((event.flight_key.as_str(), event.event_id.as_str())) {
+            per_flight
+                .entry(event.flight_key.as_str())
+                .or_default()
+                .push(event);
+        }
+    }
+    let time = |us: Option<i64>| us.map_or(Value::Null, |us| json!(us));
+    let mut documents = BTreeMap::new();
+    for (key, mut ordered) in per_flight {
+        ordered.sort_by(|a, b| (a.event_time_us, &a.event_id).cmp(&(b.event_time_us, &b.event_id)));
+        let flight = ordered[0].flight.clone().unwrap_or_default();
+        let mut document = json!({
+            "id": key, "flightKey": key, "carrier": flight.carrier, "flightNumber": flight.number,
+            "origin": flight.origin, "destination": null, "serviceDate": flight.service_date,
+            "status": "", "scheduledOut": null, "scheduledIn": null, "estimatedOut": null,
+            "estimatedIn": null, "actualOut": null, "actualOff": null, "actualOn": null,
+            "actualIn": null, "gate": null, "terminal": null, "tailNumber": null,
+            "delayMinutes": null, "delayCodes": [], "divertedTo": null,
+            "version": ordered.len(), "lastEventId": "", "lastEventTime": null, "updatedAt": null,
+        });
+        let mut newest = i64::MIN;
+        for event in &ordered {
+            let data = event.data.clone().unwrap_or_default();
+            let mut set = |field: &str, value: Value| {
+                if !value.is_null() {
+                    document[field] = value;
+                }
+            };
+            match EventType::try_from(event.r#type).unwrap_or(EventType::Unspecified) {
+                EventType::Scheduled => {
+                    set("scheduledOut", time(data.scheduled_out_us));
+                    set("scheduledIn", time(data.scheduled_in_us));
+                    set("destination", json!(data.destination));
+                    set("tailNumber", json!(data.tail_number));
+                    set("status", json!("SCHEDULED"));
+                }
+                EventType::Estimated => {
+                    set("estimatedOut", time(data.estimated_out_us));
+                    set("estimatedIn", time(data.estimated_in_us));
+                }
+                EventType::GateAssigned => {
+                    set("gate", json!(data.gate));
+                    set("terminal", json!(data.terminal));
+                }
+                EventType::Boarding => set("status", json!("BOARDING")),
+                EventType::Delayed => {
+                    if let Some(minutes) = data.delay_minutes {
+                        document["delayMinutes"] = json!(minutes);
+                        if let Some(scheduled) = document["scheduledOut"].as_i64() {
+                            document["estimatedOut"] = json!(scheduled + i64::from(minutes) * 60_000_000);
+                        }
+                    }
+                    if let Some(code) = data.delay_code
+                        && let Some(codes) = document["delayCodes"].as_array_mut()
+                    {
+                        codes.push(json!(code));
+                    }
+                }
+                EventType::TailAssigned => set("tailNumber", json!(data.tail_number)),
+                EventType::Out => {
+                    set("actualOut", json!(event.event_time_us));
+                    set("gate", json!(data.gate));
+                    set("status", json!("DEPARTED"));
+                }
+                EventType::Off => {
+                    set("actualOff", json!(event.event_time_us));
+                    set("status", json!("AIRBORNE"));
+                }
+                EventType::On => {
+                    set("actualOn", json!(event.event_time_us));
+                    set("status", json!("LANDED"));
+                }
+                EventType::In => {
+                    set("actualIn", json!(event.event_time_us));
+                    set("status", json!("ARRIVED"));
+                }
+                EventType::Cancelled => set("status", json!("CANCELLED")),
+                EventType::Diverted => {
+                    set("divertedTo", json!(data.diverted_to));
+                    set("status", json!("DIVERTED"));
+                }
+                EventType::Unspecified => {}
+            }
+            newest = newest.max(event.event_time_us);
+            document["lastEventId"] = json!(event.event_id);
+            document["lastEventTime"] = json!(event.event_time_us);
+            document["updatedAt"] = json!(newest);
+        }
+        documents.insert(key.to_owned(), document);
+    }
+    documents
+}
+
+/// Differences between the container of `dev`, read back through the ordinary client from this
+/// process, and `expected` ([`contract_documents`]). Reads from another client are
+/// session-consistent, not strong: a replace acknowledged to a writer may show up a moment later
+/// here, so the comparison is repeated until it holds, for up to 20 s, before the differences
+/// count.
+pub fn contract_problems(dev: &CosmosDev, expected: &BTreeMap<String, serde_json::Value>) -> Vec<String> {
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    runtime.block_on(async {
+        let containers = dev.containers().await.expect("client");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let actual = read_documents(&containers, expected.keys())
+                .await
+                .expect("read documents");
+            let problems = contract_differences(&actual, expected);
+            if problems.is_empty() || Instant::now() > deadline {
+                return problems;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+}
+
+/// Differences between stored documents and [`contract_documents`], field by field over the
+/// fields of DESIGN §5 (times compared as instants, whatever their text form).
+pub fn contract_differences(
+    actual: &BTreeMap<String, serde_json::Value>,
+    expected: &BTreeMap<String, serde_json::Value>,
+) -> Vec<String> {
+    const TIMES: [&str; 10] = [
+        "scheduledOut",
+        "scheduledIn",
+        "estimatedOut",
+        "estimatedIn",
+        "actualOut",
+        "actualOff",
+        "actualOn",
+        "actualIn",
+        "lastEventTime",
+        "updatedAt",
+    ];
+    const OTHERS: [&str; 16] = [
+        "id",
+        "flightKey",
+        "carrier",
+        "flightNumber",
+        "origin",
+        "destination",
+        "serviceDate",
+        "status",
+        "gate",
+        "terminal",
+        "tailNumber",
+        "delayMinutes",
+        "delayCodes",
+        "divertedTo",
+        "version",
+        "lastEventId",
+    ];
+    let instant = |value: &serde_json::Value| {
+        value
+            .as_str()
+            .and_then(|text| chrono::DateTime::parse_from_rfc3339(text).ok())
+            .map(|at| at.timestamp_micros())
+    };
+    let mut problems = Vec::new();
+    for (key, want) in expected {
+        let Some(got) = actual.get(key) else {
+            problems.push(format!("{key}: missing (expected version {})", want["version"]));
+            continue;
+        };
+        for field in OTHERS {
+            if got[field] != want[field] {
+                problems.push(format!(
+                    "{key}.{field}: stored {}, expected {}",
+                    got[field], want[field]
+                ));
+            }
+        }
+        for field in TIMES {
+            if instant(&got[field]) != want[field].as_i64() {
+                problems.push(format!(
+                    "{key}.{field}: stored {}, expected {} µs",
+                    got[field], want[field]
+                ));
+            }
+        }
+    }
+    for key in actual.keys() {
+        if !expected.contains_key(key) {
+            problems.push(format!("{key}: unexpected document"));
+        }
+    }
+    problems
 }

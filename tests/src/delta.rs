@@ -45,7 +45,7 @@ impl HistoryStream {
                 partition: 0,
                 offset: offset as i64,
             });
-            if seen.insert(event.event_id.clone()) {
+            if seen.insert((event.flight_key.clone(), event.event_id.clone())) {
                 accepted.push(event);
             } else {
                 late.push(event);
@@ -62,6 +62,7 @@ impl HistoryStream {
                 ts: state.last_event_time_us / 1_000_000,
                 document_json: flight_document(state).to_string(),
                 feed_range: "0".to_owned(),
+                ..ServingChange::default()
             })
             .collect();
         HistoryStream {
@@ -122,7 +123,10 @@ impl HistoryStream {
         let mut expected = BTreeMap::new();
         expected.insert(
             "events",
-            self.accepted.iter().map(|e| e.event_id.clone()).collect(),
+            self.accepted
+                .iter()
+                .map(|e| format!("{}#{}", e.flight_key, e.event_id))
+                .collect(),
         );
         expected.insert(
             "flight_states",
@@ -155,7 +159,7 @@ impl HistoryStream {
 /// The identity columns and partition column of each table, as `verify_delta.py` reads them.
 pub fn identity_columns(table: &str) -> (&'static [&'static str], &'static str) {
     match table {
-        "events" => (&["event_id"], "service_date"),
+        "events" => (&["flight_key", "event_id"], "service_date"),
         "flight_states" => (&["flight_key", "version"], "service_date"),
         "late_events" => (&["input_partition", "input_offset"], "service_date"),
         _ => (&["id", "lsn"], "change_date"),

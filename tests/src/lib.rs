@@ -2,9 +2,9 @@
 //! broker with unique topic names, so tests run in parallel without seeing each other's records.
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{Result, bail};
+use anyhow::Result;
 pub use contrail_testkit::*;
 
 pub mod browser;
@@ -61,6 +61,13 @@ pub struct IngestOptions<'a> {
 
 /// Starts ingest with unique topics and a token, and waits until `/readyz` answers 200.
 pub fn start_ingest(options: IngestOptions<'_>) -> Result<IngestUnderTest> {
+    let mut ingest = spawn_ingest(options)?;
+    ingest.wait_ready(Duration::from_secs(60))?;
+    Ok(ingest)
+}
+
+/// Starts ingest with unique topics and a token, without waiting for readiness.
+pub fn spawn_ingest(options: IngestOptions<'_>) -> Result<IngestUnderTest> {
     let name = options.topic_prefix.clone().unwrap_or_else(|| unique("t"));
     let dir = match options.dir {
         Some(dir) => dir,
@@ -95,7 +102,7 @@ pub fn start_ingest(options: IngestOptions<'_>) -> Result<IngestUnderTest> {
     env.extend(options.extra_env);
     let binary = workspace_binary("ingest")?;
     let process = StageProcess::spawn(&binary, &env, &dir.join("ingest.log"))?;
-    let mut ingest = IngestUnderTest {
+    Ok(IngestUnderTest {
         process,
         http_url: format!("http://127.0.0.1:{http_port}"),
         grpc_url: format!("http://127.0.0.1:{grpc_port}"),
@@ -104,26 +111,15 @@ pub fn start_ingest(options: IngestOptions<'_>) -> Result<IngestUnderTest> {
         token,
         dir,
         env,
-    };
-    ingest.wait_ready(Duration::from_secs(30))?;
-    Ok(ingest)
+    })
 }
 
 impl IngestUnderTest {
     /// Waits until `/readyz` answers 200.
     pub fn wait_ready(&mut self, timeout: Duration) -> Result<()> {
-        let deadline = Instant::now() + timeout;
         let url = format!("{}/readyz", self.http_url);
-        while Instant::now() < deadline {
-            if !self.process.is_running() {
-                bail!("ingest exited during start:\n{}", self.process.log());
-            }
-            if http_get(&url).is_ok_and(|response| response.starts_with("HTTP/1.1 200")) {
-                return Ok(());
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        bail!("ingest not ready after {timeout:?}:\n{}", self.process.log())
+        self.process
+            .wait_until(&format!("GET {url} → 200"), timeout, || Ok(answers_200(&url)))
     }
 
     /// `kill -9`, then the same deployment again (same topics, ports, cursor directory).
@@ -149,6 +145,32 @@ pub fn event_ids(messages: &[rdkafka::message::OwnedMessage]) -> Vec<String> {
                 .event_id
         })
         .collect()
+}
+
+/// Whether `GET url` answers 200; otherwise what it answered (status line or connection error).
+pub fn answers_200(url: &str) -> Probe<()> {
+    match http_get(url) {
+        Ok(response) if response.starts_with("HTTP/1.1 200") => Probe::Ready(()),
+        Ok(response) => Probe::NotYet(response.lines().next().unwrap_or_default().to_owned()),
+        Err(error) => Probe::NotYet(format!("GET {url}: {error}")),
+    }
+}
+
+/// A minimal blocking HTTP POST of a JSON `body` without credentials (status line and body).
+pub fn http_post(url: &str, body: &str) -> Result<String> {
+    use std::io::{Read, Write};
+    let without_scheme = url.trim_start_matches("http://");
+    let (host, path) = without_scheme.split_once('/').unwrap_or((without_scheme, ""));
+    let mut stream = std::net::TcpStream::connect(host)?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(
+        stream,
+        "POST /{path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response)?;
+    Ok(response)
 }
 
 /// A minimal blocking HTTP GET (status line and body), for probes.

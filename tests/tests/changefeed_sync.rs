@@ -4,10 +4,14 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use contrail_integration_tests::cosmos::{CosmosDev, CosmosStage, containers_at, point_read, sync_env};
-use contrail_integration_tests::{Moments, create_topics, read_topic, shared_broker, test_dir, unique};
+use contrail_integration_tests::cosmos::{
+    CosmosDev, CosmosStage, containers_at, point_read, status_at, sync_env,
+};
+use contrail_integration_tests::{
+    Moments, Probe, TopicReader, create_topics, shared_broker, test_dir, unique, wait_until,
+};
 use contrail_proto::v1::ServingChange;
 use prost::Message as _;
 use rdkafka::message::Message as _;
@@ -17,13 +21,24 @@ fn flight_key(flight: usize) -> String {
     format!("ZZ-{flight:04}-2013-01-01-JFK")
 }
 
-/// Writes `rounds` versions of each of `flights` documents, a few ms apart, from this process.
+/// Writes `rounds` versions of each of the first `flights` documents, a few ms apart.
 fn write_versions(endpoint: &str, flights: usize, rounds: u64, first_round: u64, pause: Duration) {
+    write_versions_of(endpoint, 0..flights, rounds, first_round, pause);
+}
+
+/// Writes `rounds` versions of each document of `flights`, a few ms apart, from this process.
+fn write_versions_of(
+    endpoint: &str,
+    flights: std::ops::Range<usize>,
+    rounds: u64,
+    first_round: u64,
+    pause: Duration,
+) {
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     runtime.block_on(async {
         let containers = containers_at(endpoint).await.expect("client");
         for round in first_round..first_round + rounds {
-            for flight in 0..flights {
+            for flight in flights.clone() {
                 let key = flight_key(flight);
                 let document = serde_json::json!({
                     "id": key, "flightKey": key, "version": round, "status": format!("round {round}")
@@ -56,46 +71,73 @@ fn stored(dev: &CosmosDev, flights: usize) -> BTreeMap<String, (i64, u64)> {
     })
 }
 
-/// Reads the change topic until it holds every `(id, lsn)` of `wanted` or the timeout passes.
+/// Reads the change topic (one reader, from the beginning) until it holds every `(id, lsn)` of
+/// `wanted`, then 500 ms more so copies show up too; the failure lists what is missing.
 fn changes_covering(
     brokers: &str,
     topic: &str,
     wanted: &BTreeMap<String, (i64, u64)>,
     timeout: Duration,
 ) -> Vec<ServingChange> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let messages = read_topic(brokers, topic, usize::MAX, Duration::from_secs(3)).unwrap_or_default();
-        let changes: Vec<ServingChange> = messages
+    let mut reader = TopicReader::open(brokers, topic).expect("reader of the change topic");
+    let decode = |reader: &TopicReader| -> Vec<ServingChange> {
+        reader
+            .messages()
             .iter()
             .map(|message| {
                 ServingChange::decode(message.payload().unwrap_or_default()).expect("a ServingChange")
             })
-            .collect();
-        let seen: BTreeSet<(&str, i64)> = changes
-            .iter()
-            .map(|change| (change.id.as_str(), change.lsn))
-            .collect();
-        let missing = wanted
-            .iter()
-            .filter(|(id, (lsn, _))| !seen.contains(&(id.as_str(), *lsn)))
-            .count();
-        if missing == 0 {
-            return changes;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{missing} of {} final changes not on {topic}",
-            wanted.len()
-        );
-    }
+            .collect()
+    };
+    wait_until(
+        &format!("the final (id, lsn) of {} documents on {topic}", wanted.len()),
+        timeout,
+        || {
+            reader.poll_for(Duration::from_millis(500))?;
+            let changes = decode(&reader);
+            let seen: BTreeSet<(&str, i64)> = changes
+                .iter()
+                .map(|change| (change.id.as_str(), change.lsn))
+                .collect();
+            let missing: Vec<(&String, i64)> = wanted
+                .iter()
+                .filter(|(id, (lsn, _))| !seen.contains(&(id.as_str(), *lsn)))
+                .map(|(id, (lsn, _))| (id, *lsn))
+                .collect();
+            Ok(if missing.is_empty() {
+                Probe::Ready(())
+            } else {
+                Probe::NotYet(format!(
+                    "{} of {} missing (of {} records read), e.g. {:?}",
+                    missing.len(),
+                    wanted.len(),
+                    changes.len(),
+                    &missing[..missing.len().min(5)]
+                ))
+            })
+        },
+    )
+    .expect("every change on the topic");
+    reader.poll_for(Duration::from_millis(500)).expect("read on");
+    decode(&reader)
 }
 
-fn lease_owners(stage: &CosmosStage) -> Vec<String> {
+/// Waits until `stage` reports lease owners for which `settled` holds.
+fn wait_for_owners(stage: &mut CosmosStage, condition: &str, settled: impl Fn(&[String]) -> bool) {
+    let grpc_url = stage.grpc_url.clone();
     stage
-        .status()
-        .map(|status| status.leases.iter().map(|lease| lease.owner.clone()).collect())
-        .unwrap_or_default()
+        .process
+        .wait_until(condition, Duration::from_secs(60), || {
+            let owners: Vec<String> = status_at(&grpc_url)
+                .map(|status| status.leases.iter().map(|lease| lease.owner.clone()).collect())
+                .unwrap_or_default();
+            Ok(if settled(&owners) {
+                Probe::Ready(())
+            } else {
+                Probe::NotYet(format!("owners {owners:?}"))
+            })
+        })
+        .expect(condition);
 }
 
 #[test]
@@ -113,7 +155,7 @@ fn kill_9_while_writing_loses_no_change_and_a_survivor_takes_over() {
         &dir.join("a"),
     )
     .expect("instance a");
-    let b = CosmosStage::start(
+    let mut b = CosmosStage::start(
         "changefeed-sync",
         sync_env(&broker.address, &topic, "sync-b", &dev),
         &dir.join("b"),
@@ -121,25 +163,33 @@ fn kill_9_while_writing_loses_no_change_and_a_survivor_takes_over() {
     .expect("instance b");
 
     // Both instances share the four leases (the emulator gives a container four feed ranges).
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let owners = lease_owners(&b);
+    wait_for_owners(&mut b, "four leases shared 2/2 by sync-a and sync-b", |owners| {
         let a_count = owners.iter().filter(|owner| *owner == "sync-a").count();
         let b_count = owners.iter().filter(|owner| *owner == "sync-b").count();
-        if owners.len() == 4 && a_count == 2 && b_count == 2 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "leases not shared 2/2: {owners:?}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+        owners.len() == 4 && a_count == 2 && b_count == 2
+    });
 
-    // Writes continue in the background while instance a is killed at random moments.
+    // Writes continue in the background while instance a is killed at random moments: 150
+    // documents rewritten 12 times (versions must only move forward), and beside them new
+    // documents written once each until the kills are over — a change of those lost at a kill is
+    // not hidden by a later one, so every one must arrive.
     let writing = Arc::new(AtomicBool::new(true));
     let writer_dev_endpoint = dev.endpoint.clone();
     let still_writing = writing.clone();
     let writer = std::thread::spawn(move || {
         write_versions(&writer_dev_endpoint, 150, 12, 1, Duration::from_millis(8));
         still_writing.store(false, Ordering::Relaxed);
+    });
+    let kills_over = Arc::new(AtomicBool::new(false));
+    let once_endpoint = dev.endpoint.clone();
+    let stop_once = kills_over.clone();
+    let once_writer = std::thread::spawn(move || {
+        let mut next = 150;
+        while !stop_once.load(Ordering::Relaxed) || next < 450 {
+            write_versions_of(&once_endpoint, next..next + 10, 1, 1, Duration::from_millis(5));
+            next += 10;
+        }
+        next
     });
     let mut moments = Moments::from_clock();
     let mut kills = 0;
@@ -152,9 +202,15 @@ fn kill_9_while_writing_loses_no_change_and_a_survivor_takes_over() {
             writing.load(Ordering::Relaxed)
         );
     }
+    kills_over.store(true, Ordering::Relaxed);
     writer.join().expect("writer");
-    let final_documents = stored(&dev, 150);
-    assert_eq!(final_documents.len(), 150, "documents written");
+    let documents = once_writer.join().expect("writer of new documents");
+    println!(
+        "{} documents written once each while a was killed",
+        documents - 150
+    );
+    let final_documents = stored(&dev, documents);
+    assert_eq!(final_documents.len(), documents, "documents written");
     assert!(
         final_documents.values().all(|(lsn, _)| *lsn > 0),
         "every document carries _lsn"
@@ -205,15 +261,9 @@ fn kill_9_while_writing_loses_no_change_and_a_survivor_takes_over() {
 
     // Takeover: a dies for good; b takes every lease once a's leases expire, and keeps publishing.
     a.process.kill9();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let owners = lease_owners(&b);
-        if owners.len() == 4 && owners.iter().all(|owner| owner == "sync-b") {
-            break;
-        }
-        assert!(Instant::now() < deadline, "b did not take over: {owners:?}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    wait_for_owners(&mut b, "sync-b to own all four leases", |owners| {
+        owners.len() == 4 && owners.iter().all(|owner| owner == "sync-b")
+    });
     write_versions(&dev.endpoint, 150, 1, 100, Duration::ZERO);
     let after = stored(&dev, 150);
     changes_covering(&broker.address, &topic, &after, Duration::from_secs(60));

@@ -1,37 +1,13 @@
 //! cosmos-writer as a real process against the real broker and the Cosmos DB dev endpoint (the
 //! SDK's in-memory emulator behind HTTP), checked through the ordinary client from this process.
 
-use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use contrail_integration_tests::cosmos::{
-    CosmosDev, CosmosStage, compare_documents, curated_stream, expected_documents, produce_states,
-    read_documents, writer_env,
+    CosmosDev, CosmosStage, contract_documents, contract_problems, curated_stream, produce_states, writer_env,
 };
 use contrail_integration_tests::dedup::{realistic_feed, replay_events};
 use contrail_integration_tests::{Moments, create_topics, shared_broker, test_dir, unique};
-
-/// Differences between the container, read back through the ordinary client from this process,
-/// and the expectation. Reads from another client are session-consistent, not strong: a replace
-/// acknowledged to the writer may show up a moment later here, so the comparison is repeated for
-/// up to 20 s before the differences count.
-fn differences(dev: &CosmosDev, expected: &BTreeMap<String, serde_json::Value>) -> Vec<String> {
-    let runtime = tokio::runtime::Runtime::new().expect("runtime");
-    runtime.block_on(async {
-        let containers = dev.containers().await.expect("client");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let actual = read_documents(&containers, expected.keys())
-                .await
-                .expect("read documents");
-            let problems = compare_documents(&actual, expected);
-            if problems.is_empty() || Instant::now() > deadline {
-                return problems;
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    })
-}
 
 #[test]
 fn kill_9_and_replays_leave_every_flight_at_its_highest_version() {
@@ -41,13 +17,14 @@ fn kill_9_and_replays_leave_every_flight_at_its_highest_version() {
     let topic = format!("{}.ops.flights.curated", unique("w"));
     create_topics(&broker.address, &[&topic], 4).expect("topic");
     // Nine days of January 2013 → > 50,000 curated states (one per distinct accepted event).
-    let states = curated_stream(&replay_events((1, 1), (1, 9), realistic_feed(11)));
+    let events = replay_events((1, 1), (1, 9), realistic_feed(11));
+    let states = curated_stream(&events);
     assert!(
         states.len() >= 50_000,
         "at least 50,000 records, got {}",
         states.len()
     );
-    let expected = expected_documents(&states);
+    let expected = contract_documents(&events);
     println!("{} curated records for {} flights", states.len(), expected.len());
 
     let group = unique("cw");
@@ -76,7 +53,7 @@ fn kill_9_and_replays_leave_every_flight_at_its_highest_version() {
     stage
         .wait_committed(&broker.address, &topic, states.len(), Duration::from_secs(300))
         .expect("caught up");
-    let problems = differences(&dev, &expected);
+    let problems = contract_problems(&dev, &expected);
     assert!(
         problems.is_empty(),
         "{} problems after kills, e.g. {:?}",
@@ -97,7 +74,7 @@ fn kill_9_and_replays_leave_every_flight_at_its_highest_version() {
             Duration::from_secs(300),
         )
         .expect("caught up");
-    let problems = differences(&dev, &expected);
+    let problems = contract_problems(&dev, &expected);
     assert!(
         problems.is_empty(),
         "{} problems after the replay, e.g. {:?}",
@@ -125,8 +102,9 @@ fn injected_throttling_slows_writes_but_loses_nothing() {
     let dev = CosmosDev::start(&dir).expect("cosmos-dev");
     let topic = format!("{}.ops.flights.curated", unique("t"));
     create_topics(&broker.address, &[&topic], 4).expect("topic");
-    let states = curated_stream(&replay_events((1, 2), (1, 2), realistic_feed(5)));
-    let expected = expected_documents(&states);
+    let events = replay_events((1, 2), (1, 2), realistic_feed(5));
+    let states = curated_stream(&events);
+    let expected = contract_documents(&events);
     produce_states(&broker.address, &topic, &states).expect("produce");
     let mut env = writer_env(&broker.address, &topic, &unique("ct"), &dev);
     // The SDK's fault injection answers 10 % of requests with 429; the SDK itself does not retry
@@ -150,7 +128,7 @@ fn injected_throttling_slows_writes_but_loses_nothing() {
         throttled > 100.0,
         "throttling was injected: {throttled} retries of 429"
     );
-    let problems = differences(&dev, &expected);
+    let problems = contract_problems(&dev, &expected);
     assert!(
         problems.is_empty(),
         "{} problems, e.g. {:?}",

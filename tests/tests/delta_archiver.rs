@@ -5,12 +5,14 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use contrail_integration_tests::cosmos::CosmosStage;
+use contrail_integration_tests::cosmos::{CosmosStage, metric_at, status_at};
 use contrail_integration_tests::dedup::{realistic_feed, replay_events};
 use contrail_integration_tests::delta::{
     HistoryStream, TableReport, produce_with_redeliveries, topic_ends, verify_tables,
 };
-use contrail_integration_tests::{Moments, create_topics, shared_broker, test_dir, unique, workspace_binary};
+use contrail_integration_tests::{
+    Moments, Probe, create_topics, shared_broker, test_dir, unique, workspace_binary,
+};
 
 const TABLES: [&str; 4] = ["events", "flight_states", "late_events", "serving_changes"];
 
@@ -229,7 +231,9 @@ fn kill_9_mid_stream_and_between_flush_and_commit_leaves_one_row_per_identity() 
     for kill in 1..=6 {
         if kill % 2 == 0 {
             // Aimed: wait until Parquet files are written and their commit is pending.
-            let deadline = Instant::now() + Duration::from_secs(30);
+            // (The producers keep the archiver committing until they are done; a window missed here
+            // is counted and at least one of the three must land, asserted below.)
+            let deadline = Instant::now() + Duration::from_secs(60);
             let mut hit = false;
             while Instant::now() < deadline {
                 if stage.metric("contrail_delta_uncommitted_files", "") > 0.0 {
@@ -400,9 +404,8 @@ fn undecodable_records_go_to_the_dead_letter_topic_and_do_not_stop_the_partition
             .iter()
             .map(|(_, payload)| {
                 use prost::Message as _;
-                contrail_proto::v1::OperationalEvent::decode(payload.as_slice())
-                    .expect("event")
-                    .event_id
+                let event = contrail_proto::v1::OperationalEvent::decode(payload.as_slice()).expect("event");
+                format!("{}#{}", event.flight_key, event.event_id)
             })
             .collect(),
     )]
@@ -470,14 +473,49 @@ fn a_frozen_zombie_cannot_commit_after_its_partitions_moved() {
     let producers = spawn_producers(&stream, &topics, &broker.address, 2_000, 89, 300);
     // Freeze a between writing its Parquet files and committing them, for longer than the
     // session timeout: the group gives its partitions to b, which archives them.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while a.metric("contrail_delta_uncommitted_files", "") == 0.0 {
-        assert!(Instant::now() < deadline, "a never reached a commit");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let mut a = a;
+    let a_http = a.http_url.clone();
+    a.process
+        .wait_until(
+            "a between Parquet flush and commit (contrail_delta_uncommitted_files > 0)",
+            Duration::from_secs(120),
+            || {
+                let uncommitted = metric_at(&a_http, "contrail_delta_uncommitted_files", "");
+                Ok(if uncommitted > 0.0 {
+                    Probe::Ready(())
+                } else {
+                    Probe::NotYet(format!("uncommitted files {uncommitted}"))
+                })
+            },
+        )
+        .expect("a reaches a commit");
     a.process.freeze();
     println!("a frozen between flush and commit");
-    std::thread::sleep(Duration::from_secs(25));
+    // The group gives a's partitions to b once a misses its session timeout (6 s): wait until b
+    // archives every partition of the four topics.
+    let b_grpc = b.grpc_url.clone();
+    b.process
+        .wait_until(
+            "b to own all 16 partitions of the four topics while a is frozen",
+            Duration::from_secs(120),
+            || {
+                let owned: Vec<(String, i32)> = status_at(&b_grpc)
+                    .map(|status| {
+                        status
+                            .partitions
+                            .into_iter()
+                            .map(|partition| (partition.topic, partition.partition))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                Ok(if owned.len() == 16 {
+                    Probe::Ready(())
+                } else {
+                    Probe::NotYet(format!("b owns {} partitions: {owned:?}", owned.len()))
+                })
+            },
+        )
+        .expect("b takes a's partitions");
     a.process.thaw();
     println!("a thawed: its pending commit must be refused");
 
@@ -509,7 +547,6 @@ fn a_frozen_zombie_cannot_commit_after_its_partitions_moved() {
         "no commit was fenced although a's partitions moved while it held a pending commit:\n{}",
         a.process.log()
     );
-    let mut a = a;
     for stage in [&mut a, &mut b] {
         stage.process.terminate(Duration::from_secs(60)).expect("SIGTERM");
     }

@@ -50,25 +50,69 @@ async fn broker_outage_is_answered_503_or_429_and_nothing_acknowledged_is_lost()
         .expect("client");
     let url = format!("{}/v1/events", ingest.http_url);
     let mut acknowledged: BTreeSet<String> = BTreeSet::new();
+    let mut statuses_before_pause: Vec<u16> = Vec::new();
     let mut statuses_while_paused: Vec<u16> = Vec::new();
     let mut statuses_after_resume: Vec<u16> = Vec::new();
     let mut saw_not_ready = false;
-    let started = Instant::now();
-    let pause_at = Duration::from_secs(2);
-    let resume_at = Duration::from_secs(12);
-    let mut paused = false;
+    // Driven by what ingest answers, not by the clock: before (five acknowledged batches), during
+    // the outage (until both a 503 and a 429 were answered and /readyz said 503), after (until
+    // five acknowledged batches in a row). Each phase has a generous deadline of its own.
+    #[derive(Debug, PartialEq)]
+    enum Phase {
+        Before,
+        Paused(Instant),
+        Resumed(Instant),
+    }
+    let phase_deadline = Duration::from_secs(120);
+    let mut phase = Phase::Before;
+    let mut batches = events.chunks(20);
     let mut resumed = false;
-    for (batch_number, batch) in events.chunks(20).enumerate() {
-        let elapsed = started.elapsed();
-        if !paused && elapsed >= pause_at {
-            broker.pause();
-            paused = true;
+    loop {
+        match phase {
+            Phase::Before if statuses_before_pause.iter().filter(|s| **s == 202).count() >= 5 => {
+                broker.pause();
+                phase = Phase::Paused(Instant::now());
+            }
+            Phase::Paused(since)
+                if statuses_while_paused.contains(&503)
+                    && statuses_while_paused.contains(&429)
+                    && saw_not_ready =>
+            {
+                println!(
+                    "outage answered in {:.1} s: {statuses_while_paused:?}",
+                    since.elapsed().as_secs_f64()
+                );
+                broker.resume();
+                resumed = true;
+                phase = Phase::Resumed(Instant::now());
+            }
+            Phase::Paused(since) => assert!(
+                since.elapsed() < phase_deadline,
+                "during the outage ingest never answered both 503 and 429 with /readyz 503 \
+                 (readyz 503 seen: {saw_not_ready}): {statuses_while_paused:?}"
+            ),
+            Phase::Resumed(since) => {
+                let recent_ok = statuses_after_resume
+                    .iter()
+                    .rev()
+                    .take(5)
+                    .filter(|s| **s == 202)
+                    .count();
+                if recent_ok == 5 {
+                    break;
+                }
+                assert!(
+                    since.elapsed() < phase_deadline,
+                    "ingest did not recover within {phase_deadline:?} of the broker's return: {statuses_after_resume:?}"
+                );
+            }
+            Phase::Before => {}
         }
-        if paused && !resumed && elapsed >= resume_at {
-            broker.resume();
-            resumed = true;
-        }
-        let sent_while_paused = paused && !resumed && elapsed >= pause_at + Duration::from_millis(200);
+        let Some(batch) = batches.next() else {
+            panic!(
+                "ran out of events in phase {phase:?}: before {statuses_before_pause:?}, during {statuses_while_paused:?}, after {statuses_after_resume:?}"
+            );
+        };
         let body: String = batch.iter().map(|event| format!("{event}\n")).collect();
         let response = client
             .post(&url)
@@ -92,33 +136,20 @@ async fn broker_outage_is_answered_503_or_429_and_nothing_acknowledged_is_lost()
                 .is_some();
             assert!(retry_after, "{status} carries Retry-After");
         }
-        if sent_while_paused {
-            statuses_while_paused.push(status);
-            let ready = client.get(format!("{}/readyz", ingest.http_url)).send().await;
-            saw_not_ready |= ready.map(|r| r.status().as_u16() == 503).unwrap_or(false);
-        }
-        if resumed {
-            statuses_after_resume.push(status);
-            let recent_ok = statuses_after_resume
-                .iter()
-                .rev()
-                .take(5)
-                .filter(|s| **s == 202)
-                .count();
-            if recent_ok == 5 {
-                break;
+        match phase {
+            Phase::Before => statuses_before_pause.push(status),
+            Phase::Paused(_) => {
+                statuses_while_paused.push(status);
+                let ready = client.get(format!("{}/readyz", ingest.http_url)).send().await;
+                saw_not_ready |= ready.map(|r| r.status().as_u16() == 503).unwrap_or(false);
             }
+            Phase::Resumed(_) => statuses_after_resume.push(status),
         }
-        assert!(
-            started.elapsed() < Duration::from_secs(90),
-            "ingest did not recover: {statuses_after_resume:?}"
-        );
         assert!(
             ingest.process.is_running(),
             "ingest died:\n{}",
             ingest.process.log()
         );
-        let _ = batch_number;
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(resumed, "the test ran through the outage");

@@ -99,7 +99,7 @@ fn baseline(stream: &HistoryStream, root: &std::path::Path, max_rows: usize) -> 
                 let refs: Vec<&Row> = rows.iter().collect();
                 let txn = TxnUpdate {
                     app_id: format!("baseline-{name}"),
-                    expected: last.get(name).copied(),
+                    expected: Some(last.get(name).copied()),
                     version: end as i64 - 1,
                 };
                 let begun = Instant::now();

@@ -261,8 +261,12 @@ async fn pull_rate(brokers: &str, events: &[Value], args: &Args, parallel: bool)
             raw: config.topics.raw.clone(),
             dlq: config.topics.dlq.clone(),
         },
-        200_000,
-        Duration::from_secs(30),
+        contrail_ingest::pipeline::PipelineLimits {
+            max_in_flight: 200_000,
+            produce_timeout: Duration::from_secs(30),
+            max_record_bytes: config.limits.max_record_bytes,
+            max_message_bytes: config.kafka.max_message_bytes(),
+        },
         IngestMetrics::new(&registry),
     );
     let mut pages = BTreeMap::new();

@@ -87,6 +87,29 @@ impl LeaseStore {
         &self.monitored
     }
 
+    /// The physical feed range (partition key range) that holds documents of `partition_key` now
+    /// (from the client's routing map; `refresh` re-reads it, as after a split).
+    pub async fn physical_range(
+        &self,
+        partition_key: &str,
+        refresh: bool,
+    ) -> Result<String, CosmosStoreError> {
+        let options =
+            azure_data_cosmos::options::ReadFeedRangesOptions::default().with_force_refresh(refresh);
+        let ranges = self
+            .monitored
+            .feed_range_from_partition_key(partition_key.to_owned(), Some(options))
+            .await
+            .map_err(|error| CosmosStoreError::service("feed range of a partition key", &error))?;
+        ranges
+            .first()
+            .map(ToString::to_string)
+            .ok_or_else(|| CosmosStoreError::Document {
+                id: partition_key.to_owned(),
+                message: "no feed range holds this partition key".to_owned(),
+            })
+    }
+
     /// Every lease of the monitored container.
     pub async fn list(&self) -> Result<Vec<Lease>, CosmosStoreError> {
         let query = format!(

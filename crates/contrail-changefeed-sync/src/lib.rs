@@ -20,7 +20,7 @@ pub mod error;
 pub mod lease;
 pub mod metrics;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -57,6 +57,8 @@ struct Shared {
     metrics: ChangefeedMetrics,
     board: LeaseBoard,
     paused: Arc<AtomicBool>,
+    /// Refused Cosmos DB credentials: readiness and the error log.
+    outage: contrail_cosmos::CredentialOutage,
 }
 
 struct Running {
@@ -104,15 +106,26 @@ impl StageStatus for SyncStatus {
     }
 }
 
+/// The change topic's producer: idempotent and without a delivery timeout, so a page's changes
+/// reach each topic partition in `_lsn` order (a timed-out change re-published behind newer ones
+/// would be taken for a copy downstream, DESIGN §4).
 fn producer(config: &ChangefeedSyncConfig) -> Result<FutureProducer, ChangefeedError> {
-    let client = config.kafka.producer_config("changefeed-sync")?;
+    let mut client = config.kafka.producer_config("changefeed-sync")?;
+    client.set("message.timeout.ms", "0");
     client
         .create()
         .map_err(|error| ChangefeedError::Broker(format!("producer: {error}")))
 }
 
-/// The `ServingChange` of one change feed document, or why it is not one.
-pub fn serving_change(document: &serde_json::Value, feed_range: &str) -> Result<ServingChange, String> {
+/// The `ServingChange` of one change feed document, or why it is not one. A document too large for
+/// one message of at most `max_message_bytes` (Cosmos DB documents reach 2 MB) is published
+/// without its JSON (`document_omitted`, `document_size`): the change still reaches the topic,
+/// and the document is in the serving store.
+pub fn serving_change(
+    document: &serde_json::Value,
+    feed_range: &str,
+    max_message_bytes: usize,
+) -> Result<ServingChange, String> {
     let id = document
         .get("id")
         .and_then(serde_json::Value::as_str)
@@ -121,7 +134,7 @@ pub fn serving_change(document: &serde_json::Value, feed_range: &str) -> Result<
         .get("flightKey")
         .and_then(serde_json::Value::as_str)
         .unwrap_or(id);
-    Ok(ServingChange {
+    let mut change = ServingChange {
         id: id.to_owned(),
         flight_key: flight_key.to_owned(),
         lsn: document
@@ -134,7 +147,16 @@ pub fn serving_change(document: &serde_json::Value, feed_range: &str) -> Result<
             .unwrap_or(0),
         document_json: document.to_string(),
         feed_range: feed_range.to_owned(),
-    })
+        ..ServingChange::default()
+    };
+    let budget = max_message_bytes
+        .saturating_sub(change.flight_key.len() + contrail_common::dead_letter::RECORD_OVERHEAD_BYTES);
+    if change.encoded_len() > budget {
+        change.document_size = change.document_json.len() as u64;
+        change.document_json = String::new();
+        change.document_omitted = true;
+    }
+    Ok(change)
 }
 
 /// Runs the stage until `shutdown`.
@@ -159,13 +181,19 @@ pub async fn run(config: ChangefeedSyncConfig, shutdown: Shutdown) -> Result<(),
         )
         .await?;
     }
-    let containers = config.cosmos.open("changefeed-sync").await?;
+    let containers = tokio::select! {
+        containers = config.cosmos.open("changefeed-sync") => containers?,
+        () = shutdown.triggered() => return Ok(()),
+    };
     let store = LeaseStore::new(
         containers.leases.clone(),
         containers.flights.clone(),
         &config.cosmos.flights_container,
     );
-    let created = contrail_cosmos::retry_setup("lease bootstrap", || store.bootstrap()).await?;
+    let created = tokio::select! {
+        created = contrail_cosmos::retry_setup("lease bootstrap", || store.bootstrap()) => created?,
+        () = shutdown.triggered() => return Ok(()),
+    };
     if created > 0 {
         tracing::info!(leases = created, "leases created, one per feed range");
     }
@@ -178,6 +206,7 @@ pub async fn run(config: ChangefeedSyncConfig, shutdown: Shutdown) -> Result<(),
         metrics: metrics.clone(),
         board: board.clone(),
         paused: paused.clone(),
+        outage: contrail_cosmos::CredentialOutage::with_health("change feed reads", health.clone()),
     });
 
     let listeners = server::Listeners::bind(&config.listen).await?;
@@ -379,7 +408,19 @@ async fn process_lease(
             continue;
         }
         match poll_once(&shared, &lease, &stop, &range, &range_text, page_size).await {
-            Ok(()) => failures = 0,
+            Ok(()) => {
+                failures = 0;
+                shared.outage.succeeded();
+            }
+            Err(ChangefeedError::Cosmos(error)) if error.is_unauthorized() => {
+                // Refused credentials: an outage (not ready, said once per 30 s), retried from the
+                // stored continuation; nothing is published or stored meanwhile.
+                shared.outage.refused(&error);
+                let delay = backoff(failures).max(Duration::from_secs(1));
+                failures = failures.saturating_add(1);
+                tokio::time::sleep(delay).await;
+                continue;
+            }
             Err(ChangefeedError::LeaseLost(lost)) => return Err(ChangefeedError::LeaseLost(lost)),
             Err(error) => {
                 let delay = backoff(failures);
@@ -405,6 +446,9 @@ async fn poll_once(
     page_size: NonZeroU32,
 ) -> Result<(), ChangefeedError> {
     let continuation = lease.lock().await.continuation.clone();
+    let max_message_bytes = shared.config.kafka.max_message_bytes();
+    // The highest `_lsn` published per physical range in this poll (see `label_physical_ranges`).
+    let mut published_lsn: HashMap<String, i64> = HashMap::new();
     let mut options = ChangeFeedOptions::default().with_max_item_count(MaxItemCountHint::Limit(page_size));
     if let Some(token) = continuation {
         options = options.with_continuation_token(ContinuationToken::from_string(token));
@@ -437,7 +481,7 @@ async fn poll_once(
         }
         empty_pages = 0;
         let read_at = Instant::now();
-        let mut changes = Vec::with_capacity(items.len());
+        let mut changes: Vec<ServingChange> = Vec::with_capacity(items.len());
         for item in &items {
             let Some(document) = item.current() else {
                 tracing::warn!(
@@ -446,27 +490,39 @@ async fn poll_once(
                 );
                 continue;
             };
-            match serving_change(document, range_text) {
+            match serving_change(document, range_text, max_message_bytes) {
                 Ok(change) => changes.push(change),
                 Err(reason) => tracing::warn!(%reason, "change feed item skipped"),
             }
         }
-        let deliveries = changes.iter().map(|change| {
+        label_physical_ranges(shared, &mut changes, &mut published_lsn).await?;
+        // Handed to the producer one after the other, in the page's order (a full queue is
+        // waited out before the next change), then every acknowledgement is awaited.
+        let mut deliveries = Vec::with_capacity(changes.len());
+        for change in &changes {
             let payload = change.encode_to_vec();
-            let key = change.flight_key.clone();
-            async move {
-                let record = FutureRecord::to(&shared.config.topics.changes)
-                    .key(&key)
-                    .payload(&payload);
-                shared
-                    .producer
-                    .send(record, Duration::from_secs(300))
-                    .await
-                    .map_err(|(error, _)| ChangefeedError::Broker(format!("publish change: {error}")))
+            deliveries.push(
+                enqueue(
+                    &shared.producer,
+                    &shared.config.topics.changes,
+                    &change.flight_key,
+                    &payload,
+                )
+                .await?,
+            );
+        }
+        for delivery in deliveries {
+            match delivery.await {
+                Ok(Ok(_)) => {}
+                Ok(Err((error, _))) => {
+                    return Err(ChangefeedError::Broker(format!("publish change: {error}")));
+                }
+                Err(_) => {
+                    return Err(ChangefeedError::Broker(
+                        "publish change: producer gone".to_owned(),
+                    ));
+                }
             }
-        });
-        for result in futures::future::join_all(deliveries).await {
-            result?;
         }
         shared
             .metrics
@@ -494,6 +550,56 @@ async fn poll_once(
     Ok(())
 }
 
+/// Sets each change's `feed_range` to the physical range that holds its document. `_lsn` grows
+/// within a physical partition, and delta-archiver keeps, per (topic partition, `feed_range`), the
+/// highest `_lsn` it archived, dropping anything at or below it (DESIGN §4). A lease's range keeps
+/// covering the children of a split, whose `_lsn` sequences interleave: labelled with the lease's
+/// range, a child's changes could fall below its sibling's and be taken for copies. A change whose
+/// `_lsn` is not above what this poll already published for its range means the routing map is
+/// stale (a split since it was read): it is read again and the change labelled anew.
+async fn label_physical_ranges(
+    shared: &Shared,
+    changes: &mut [ServingChange],
+    published_lsn: &mut HashMap<String, i64>,
+) -> Result<(), ChangefeedError> {
+    for change in changes.iter_mut() {
+        let mut range = shared.store.physical_range(&change.flight_key, false).await?;
+        if published_lsn.get(&range).is_some_and(|&last| change.lsn <= last) {
+            range = shared.store.physical_range(&change.flight_key, true).await?;
+            if published_lsn.get(&range).is_some_and(|&last| change.lsn <= last) {
+                tracing::error!(id = %change.id, lsn = change.lsn, %range, "a change's _lsn is not above its partition's last published one: history may take it for a copy");
+            }
+        }
+        let last = published_lsn.entry(range.clone()).or_insert(i64::MIN);
+        *last = (*last).max(change.lsn);
+        change.feed_range = range;
+    }
+    Ok(())
+}
+
+/// Hands one record to the producer, waiting while its queue is full (so records are enqueued in
+/// the caller's order).
+async fn enqueue(
+    producer: &FutureProducer,
+    topic: &str,
+    key: &str,
+    payload: &[u8],
+) -> Result<rdkafka::producer::DeliveryFuture, ChangefeedError> {
+    loop {
+        let record = FutureRecord::to(topic).key(key).payload(payload);
+        match producer.send_result(record) {
+            Ok(delivery) => return Ok(delivery),
+            Err((
+                rdkafka::error::KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull),
+                _,
+            )) => {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            Err((error, _)) => return Err(ChangefeedError::Broker(format!("publish change: {error}"))),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -504,12 +610,29 @@ mod tests {
             "id": "AA-100-2013-01-01-JFK", "flightKey": "AA-100-2013-01-01-JFK", "version": 3,
             "_lsn": 17, "_ts": 1700000000, "_etag": "\"x\""
         });
-        let change = serving_change(&document, "range").expect("change");
+        let change = serving_change(&document, "range", 1_000_000).expect("change");
         assert_eq!(change.id, "AA-100-2013-01-01-JFK");
         assert_eq!(change.lsn, 17);
         assert_eq!(change.ts, 1_700_000_000);
+        assert!(!change.document_omitted);
         let round: serde_json::Value = serde_json::from_str(&change.document_json).expect("json");
         assert_eq!(round["version"], 3);
-        assert!(serving_change(&serde_json::json!({"x": 1}), "r").is_err());
+        assert!(serving_change(&serde_json::json!({"x": 1}), "r", 1_000_000).is_err());
+    }
+
+    /// A document larger than a message (Cosmos DB allows 2 MB) still reaches the topic as a
+    /// change, without its JSON and with its size.
+    #[test]
+    fn a_document_too_large_for_a_message_is_published_without_its_json() {
+        let document = serde_json::json!({
+            "id": "AA-100-2013-01-01-JFK", "flightKey": "AA-100-2013-01-01-JFK", "version": 3,
+            "_lsn": 17, "_ts": 1700000000, "notes": "x".repeat(1_500_000)
+        });
+        let change = serving_change(&document, "range", 1_000_000).expect("change");
+        assert!(change.document_omitted);
+        assert!(change.document_json.is_empty());
+        assert!(change.document_size > 1_500_000);
+        assert_eq!((change.id.as_str(), change.lsn), ("AA-100-2013-01-01-JFK", 17));
+        assert!(change.encoded_len() < 1_000_000);
     }
 }

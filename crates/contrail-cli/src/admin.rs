@@ -731,6 +731,7 @@ fn key_state_json(key: &str, response: &admin::ReadKeyStateResponse) -> Value {
     json!({
         "key": key,
         "found": response.found,
+        "expired": response.expired,
         "state": parse_state(&response.state_json),
         "dedup_event_ids": response.dedup_event_ids,
         "timers": timers,
@@ -876,7 +877,15 @@ fn render_checkpoints(target: &Target, checkpoints: &[admin::CheckpointInfo]) ->
 }
 
 fn render_key_state(key: &str, response: &admin::ReadKeyStateResponse) -> String {
-    let mut sections = vec![format!("key:   {key}\nfound: {}", yes_no(response.found))];
+    let mut sections = vec![format!(
+        "key:   {key}\nfound: {}{}",
+        yes_no(response.found),
+        if response.expired {
+            " (expired: a tombstone — its events are late until dedup_ttl after its last one)"
+        } else {
+            ""
+        }
+    )];
     match parse_state(&response.state_json) {
         Value::Null => {}
         Value::String(raw) => sections.push(format!("state (not JSON):\n{raw}")),
@@ -1440,9 +1449,11 @@ mod tests {
                 fire_at_us: 1_357_016_400_000_000,
                 time_domain: "event".to_owned(),
             }],
+            expired: true,
         };
         let parsed = key_state_json("UA1545-2013-01-01-EWR", &response);
         assert_eq!(parsed["found"], true);
+        assert_eq!(parsed["expired"], true);
         assert_eq!(parsed["state"]["gate"], "B12");
         assert_eq!(parsed["dedup_event_ids"][1], "evt-2");
         assert_eq!(parsed["timers"][0]["fire_at"], "2013-01-01T05:00:00Z");

@@ -49,27 +49,54 @@ pub struct BoardArgs {
     pub date: String,
 }
 
-/// What the board shows besides the stores: the default date and, under `contrail up`, the
-/// pipeline's live status.
+/// What the board shows besides the stores: the default date and, under `contrail up`, what the
+/// platform is doing and the pipeline's live status.
 #[derive(Debug, Clone, Default)]
 pub struct BoardMeta {
     /// Dates the board offers.
     pub dates: Vec<String>,
+    /// What the platform is doing: `starting: …`, `replaying`, `settling`, `done`.
+    pub phase: String,
     /// Live status (JSON) shown in the header.
     pub status: Value,
 }
 
-/// Shared state of the board.
+/// Shared state of the board. It serves from the moment it is bound; until its stores are
+/// [`Board::attach`]ed (under `contrail up`, once the platform runs) the data routes answer `503`
+/// with the platform's phase.
 #[derive(Clone)]
 pub struct Board {
-    stores: Stores,
+    stores: Arc<tokio::sync::OnceCell<Stores>>,
     meta: Arc<RwLock<BoardMeta>>,
 }
 
 impl Board {
     /// A board over `stores`.
     pub fn new(stores: Stores, meta: Arc<RwLock<BoardMeta>>) -> Board {
-        Board { stores, meta }
+        let board = Board::starting(meta);
+        board.attach(stores);
+        board
+    }
+
+    /// A board whose stores are not open yet.
+    pub fn starting(meta: Arc<RwLock<BoardMeta>>) -> Board {
+        Board {
+            stores: Arc::new(tokio::sync::OnceCell::new()),
+            meta,
+        }
+    }
+
+    /// Gives the board its stores (once; later calls are ignored).
+    pub fn attach(&self, stores: Stores) {
+        let _ = self.stores.set(stores);
+    }
+
+    /// The stores, or the `503` answer naming the platform's phase.
+    async fn stores(&self) -> Result<&Stores, ApiError> {
+        match self.stores.get() {
+            Some(stores) => Ok(stores),
+            None => Err(ApiError::Starting(self.meta.read().await.phase.clone())),
+        }
     }
 
     /// The routes.
@@ -102,6 +129,7 @@ pub async fn run(args: BoardArgs) -> Result<()> {
     let stores = Stores::open(&cosmos, &args.delta_root).await?;
     let meta = BoardMeta {
         dates: vec![args.date.clone()],
+        phase: "serving".to_owned(),
         status: Value::Null,
     };
     let listener = tokio::net::TcpListener::bind(args.listen)
@@ -115,21 +143,34 @@ pub async fn run(args: BoardArgs) -> Result<()> {
     .await
 }
 
-struct ApiError(anyhow::Error);
+enum ApiError {
+    /// A store failed (502).
+    Store(anyhow::Error),
+    /// The platform is still starting (503, with its phase).
+    Starting(String),
+}
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (
-            StatusCode::BAD_GATEWAY,
-            Json(json!({ "error": format!("{:#}", self.0) })),
-        )
-            .into_response()
+        match self {
+            ApiError::Store(error) => (
+                StatusCode::BAD_GATEWAY,
+                Json(json!({ "error": format!("{error:#}") })),
+            )
+                .into_response(),
+            ApiError::Starting(phase) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                [(axum::http::header::RETRY_AFTER, "2")],
+                Json(json!({ "error": format!("the platform is starting ({phase})"), "phase": phase })),
+            )
+                .into_response(),
+        }
     }
 }
 
 impl From<anyhow::Error> for ApiError {
     fn from(error: anyhow::Error) -> Self {
-        ApiError(error)
+        ApiError::Store(error)
     }
 }
 
@@ -139,7 +180,7 @@ async fn page() -> Html<&'static str> {
 
 async fn meta(State(board): State<Board>) -> Json<Value> {
     let meta = board.meta.read().await;
-    Json(json!({ "dates": meta.dates, "status": meta.status }))
+    Json(json!({ "dates": meta.dates, "phase": meta.phase, "status": meta.status }))
 }
 
 /// Query parameters of `/api/flights`.
@@ -164,12 +205,12 @@ async fn flights(
         carrier: query.carrier,
     };
     let limit = query.limit.unwrap_or(300).min(5000);
-    let flights = board.stores.flights(&filter, limit).await?;
+    let flights = board.stores().await?.flights(&filter, limit).await?;
     Ok(Json(json!({ "flights": flights })))
 }
 
 async fn flight(State(board): State<Board>, Path(key): Path<String>) -> Result<Response, ApiError> {
-    Ok(match board.stores.flight(&key).await? {
+    Ok(match board.stores().await?.flight(&key).await? {
         Some(document) => Json(document).into_response(),
         None => (
             StatusCode::NOT_FOUND,
@@ -180,6 +221,6 @@ async fn flight(State(board): State<Board>, Path(key): Path<String>) -> Result<R
 }
 
 async fn history(State(board): State<Board>, Path(key): Path<String>) -> Result<Json<Value>, ApiError> {
-    let states = board.stores.history(&key).await?;
+    let states = board.stores().await?.history(&key).await?;
     Ok(Json(json!({ "flightKey": key, "states": states })))
 }

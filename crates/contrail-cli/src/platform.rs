@@ -230,6 +230,8 @@ pub struct Managed {
     args: Vec<String>,
     env: Vec<(String, String)>,
     log: PathBuf,
+    /// Working directory of the process (`None`: contrail's own).
+    cwd: Option<PathBuf>,
     child: Child,
     /// Times chaos killed it.
     pub kills: u32,
@@ -248,13 +250,26 @@ impl Managed {
         env: &[(String, String)],
         log: &Path,
     ) -> Result<Managed> {
-        let child = spawn(binary, args, env, log)?;
+        Managed::spawn_in(name, binary, args, env, log, None)
+    }
+
+    /// [`Managed::spawn`] with the process's working directory set to `cwd`.
+    pub fn spawn_in(
+        name: &str,
+        binary: &Path,
+        args: &[String],
+        env: &[(String, String)],
+        log: &Path,
+        cwd: Option<&Path>,
+    ) -> Result<Managed> {
+        let child = spawn(binary, args, env, log, cwd)?;
         Ok(Managed {
             name: name.to_owned(),
             binary: binary.to_owned(),
             args: args.to_vec(),
             env: env.to_vec(),
             log: log.to_owned(),
+            cwd: cwd.map(Path::to_path_buf),
             child,
             kills: 0,
             crashes: 0,
@@ -275,8 +290,29 @@ impl Managed {
         self.restart()
     }
 
+    /// `kill -9`, wait for it, run `meanwhile` (e.g. delete its volume), start it again.
+    pub fn kill9_then_restart(&mut self, meanwhile: impl FnOnce() -> Result<()>) -> Result<()> {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.kills += 1;
+        meanwhile()?;
+        self.restart()
+    }
+
+    /// SIGTERM (SIGKILL after `grace`), then start it again: a restart, as of a broker.
+    pub fn stop_and_restart(&mut self, grace: Duration) -> Result<()> {
+        self.stop(grace);
+        self.restart()
+    }
+
     fn restart(&mut self) -> Result<()> {
-        self.child = spawn(&self.binary, &self.args, &self.env, &self.log)?;
+        self.child = spawn(
+            &self.binary,
+            &self.args,
+            &self.env,
+            &self.log,
+            self.cwd.as_deref(),
+        )?;
         self.started = Instant::now();
         Ok(())
     }
@@ -333,7 +369,13 @@ impl Drop for Managed {
     }
 }
 
-fn spawn(binary: &Path, args: &[String], env: &[(String, String)], log: &Path) -> Result<Child> {
+fn spawn(
+    binary: &Path,
+    args: &[String],
+    env: &[(String, String)],
+    log: &Path,
+    cwd: Option<&Path>,
+) -> Result<Child> {
     use std::os::unix::process::CommandExt;
     let file = std::fs::OpenOptions::new()
         .create(true)
@@ -355,6 +397,9 @@ fn spawn(binary: &Path, args: &[String], env: &[(String, String)], log: &Path) -
         .stdin(Stdio::null())
         .stdout(file.try_clone()?)
         .stderr(file);
+    if let Some(cwd) = cwd {
+        command.current_dir(cwd);
+    }
     // SAFETY: prctl is async-signal-safe and only configures the child being started: it dies
     // with `contrail up`, even when that is killed with SIGKILL.
     unsafe {

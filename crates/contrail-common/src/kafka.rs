@@ -16,6 +16,8 @@ use crate::config::Secret;
 
 /// Largest message Event Hubs accepts on its Kafka endpoint is 1,046,528 bytes; stay below.
 pub const EVENT_HUBS_MAX_MESSAGE_BYTES: u32 = 1_000_000;
+/// librdkafka's default `message.max.bytes`: the largest message a producer sends.
+pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 1_000_000;
 
 /// How a stage reaches its Kafka-protocol broker.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -32,6 +34,18 @@ pub struct KafkaConfig {
     pub client_id: String,
     /// Extra librdkafka properties, applied last (e.g. `"linger.ms" = "10"`).
     pub properties: BTreeMap<String, String>,
+}
+
+impl KafkaConfig {
+    /// The largest message this stage's producers send (`message.max.bytes`: the property when
+    /// set, else 1,000,000 — librdkafka's default and the Event Hubs profile's value). Every
+    /// record a stage writes, dead letters included, must fit in it.
+    pub fn max_message_bytes(&self) -> usize {
+        self.properties
+            .get("message.max.bytes")
+            .and_then(|value| value.trim().parse().ok())
+            .unwrap_or(DEFAULT_MAX_MESSAGE_BYTES)
+    }
 }
 
 impl Default for KafkaConfig {

@@ -10,6 +10,7 @@
 pub mod admin;
 pub mod auth;
 pub mod config;
+pub mod dead_letter;
 pub mod error;
 pub mod kafka;
 pub mod metrics;

@@ -19,9 +19,11 @@
 //! Limits (the emulator's): state is in memory only; the change feed keeps only the latest
 //! version of each document (as the service's latest-version mode does between polls).
 
+pub mod auth;
+
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
 
 use anyhow::Context;
 use axum::Router;
@@ -49,6 +51,11 @@ pub struct Options {
     /// Write the bound address (`127.0.0.1:PORT`) to this file once listening (useful with port 0).
     #[arg(long)]
     pub address_file: Option<std::path::PathBuf>,
+    /// The account key (base64). When set, requests must be signed with it, as the service
+    /// checks (`401` otherwise), and `POST /_dev/key` replaces it (a key regenerated in Azure).
+    /// Unset: any key is accepted.
+    #[arg(long, env = "CONTRAIL_COSMOS_DEV_KEY", hide_env_values = true)]
+    pub key: Option<String>,
 }
 
 /// Request counters, shown at `GET /_dev/stats`.
@@ -64,6 +71,11 @@ struct DevState {
     base: url::Url,
     lsn: AtomicU64,
     stats: Stats,
+    /// The account key requests must be signed with (`None`: not checked).
+    key: RwLock<Option<Vec<u8>>>,
+    /// Held from stamping a document write's `_lsn` until the emulator applied it, so writes are
+    /// applied — and appear in the change feed — in `_lsn` order, as in the service.
+    write_order: tokio::sync::Mutex<()>,
 }
 
 /// Binds, prints the endpoint and serves until SIGINT/SIGTERM.
@@ -78,16 +90,25 @@ pub async fn serve(options: Options) -> anyhow::Result<()> {
         .map_err(|error| anyhow::anyhow!("emulator account: {error}"))?;
     let emulator =
         InMemoryEmulatorHttpClient::try_new(config).map_err(|error| anyhow::anyhow!("emulator: {error}"))?;
+    let key = options
+        .key
+        .as_deref()
+        .map(auth::decode_key)
+        .transpose()
+        .map_err(|error| anyhow::anyhow!("--key: {error}"))?;
     let state = Arc::new(DevState {
         emulator,
         base: base.clone(),
         lsn: AtomicU64::new(0),
         stats: Stats::default(),
+        key: RwLock::new(key),
+        write_order: tokio::sync::Mutex::new(()),
     });
     let app = Router::new()
         .route("/_dev/healthz", get(|| async { "ok\n" }))
         .route("/_dev/stats", get(stats))
         .route("/_dev/split", axum::routing::post(split))
+        .route("/_dev/key", axum::routing::post(replace_key))
         .fallback(forward)
         .with_state(state);
     if let Some(path) = &options.address_file {
@@ -214,6 +235,21 @@ fn method_of(method: &http::Method) -> Option<azure_core::http::Method> {
     })
 }
 
+/// `POST /_dev/key` (body: the new key, base64): requests signed with the old key get `401` from now
+/// on, as after regenerating an account key in Azure.
+async fn replace_key(State(state): State<Arc<DevState>>, body: String) -> Response {
+    match auth::decode_key(&body) {
+        Ok(key) => {
+            if let Ok(mut current) = state.key.write() {
+                *current = Some(key);
+            }
+            tracing::info!("account key replaced: requests signed with the old key are refused");
+            plain(http::StatusCode::OK, "key replaced\n".to_owned())
+        }
+        Err(error) => plain(http::StatusCode::BAD_REQUEST, format!("{error}\n")),
+    }
+}
+
 fn plain(status: http::StatusCode, message: String) -> Response {
     (status, message).into_response()
 }
@@ -221,6 +257,22 @@ fn plain(status: http::StatusCode, message: String) -> Response {
 async fn forward(State(state): State<Arc<DevState>>, request: Request) -> Response {
     state.stats.requests.fetch_add(1, Ordering::Relaxed);
     let (parts, body) = request.into_parts();
+    let refusal = match state.key.read() {
+        Ok(key) => key
+            .as_deref()
+            .and_then(|key| auth::check(key, parts.method.as_str(), parts.uri.path(), &parts.headers).err()),
+        Err(_) => None,
+    };
+    if let Some(reason) = refusal {
+        state.stats.errors.fetch_add(1, Ordering::Relaxed);
+        let body = serde_json::json!({ "code": "Unauthorized", "message": reason });
+        return (
+            http::StatusCode::UNAUTHORIZED,
+            [(http::header::CONTENT_TYPE, "application/json")],
+            body.to_string(),
+        )
+            .into_response();
+    }
     let Some(method) = method_of(&parts.method) else {
         return plain(
             http::StatusCode::METHOD_NOT_ALLOWED,
@@ -253,7 +305,16 @@ async fn forward(State(state): State<Arc<DevState>>, request: Request) -> Respon
         }
     }
     let mut payload = body.to_vec();
-    if is_document_write(&parts.method, parts.uri.path(), &parts.headers) {
+    let write = is_document_write(&parts.method, parts.uri.path(), &parts.headers);
+    // The service's `_lsn` is the order of its change feed; contrail relies on that (history
+    // drops a change whose `_lsn` is not above what it applied from its feed range). Concurrent
+    // writes are therefore stamped and applied one at a time.
+    let _in_lsn_order = if write {
+        Some(state.write_order.lock().await)
+    } else {
+        None
+    };
+    if write {
         let lsn = state.lsn.fetch_add(1, Ordering::Relaxed) + 1;
         if let Some(stamped) = stamp_lsn(&payload, lsn) {
             payload = stamped;

@@ -152,12 +152,21 @@ pub async fn run(config: CosmosWriterConfig, shutdown: Shutdown) -> Result<(), C
         )
         .await?;
     }
-    let containers = config.cosmos.open("cosmos-writer").await?;
-    let writer = Arc::new(DocumentWriter::new(
-        containers.flights.clone(),
-        config.batch.etag_cache_entries,
-        metrics.clone(),
-    ));
+    let containers = tokio::select! {
+        containers = config.cosmos.open("cosmos-writer") => containers?,
+        () = shutdown.triggered() => return Ok(()),
+    };
+    let writer = Arc::new(
+        DocumentWriter::new(
+            containers.flights.clone(),
+            config.batch.etag_cache_entries,
+            metrics.clone(),
+        )
+        .with_outage(contrail_cosmos::CredentialOutage::with_health(
+            "writes",
+            health.clone(),
+        )),
+    );
     let consumer: Arc<StreamConsumer> = Arc::new(
         config
             .kafka
@@ -305,7 +314,7 @@ impl Loop<'_> {
     async fn dead_letter(&self, message: &OwnedMessage, reason: String) -> Result<(), WriteError> {
         self.metrics.dead_letters.inc();
         tracing::warn!(partition = message.partition(), offset = message.offset(), %reason, "record to the dead-letter topic");
-        let letter = DeadLetter {
+        let mut letter = DeadLetter {
             stage: "cosmos-writer".to_owned(),
             reason,
             errors: Vec::new(),
@@ -319,9 +328,11 @@ impl Loop<'_> {
                 partition: message.partition(),
                 offset: message.offset(),
             }),
+            ..DeadLetter::default()
         };
-        let payload = letter.encode_to_vec();
         let key = message.key().unwrap_or_default().to_vec();
+        contrail_common::dead_letter::fit(&mut letter, key.len(), self.config.kafka.max_message_bytes());
+        let payload = letter.encode_to_vec();
         let record = FutureRecord::to(&self.config.topics.dlq)
             .key(&key)
             .payload(&payload);

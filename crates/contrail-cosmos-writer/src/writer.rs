@@ -15,7 +15,7 @@ use std::time::Instant;
 use azure_core::http::Etag;
 use azure_data_cosmos::ContainerClient;
 use azure_data_cosmos::options::{ItemWriteOptions, Precondition};
-use contrail_cosmos::{CosmosStoreError, ErrorClass, backoff};
+use contrail_cosmos::{CosmosStoreError, CredentialOutage, ErrorClass, backoff};
 
 use crate::guard::{Decision, decide};
 use crate::metrics::WriterMetrics;
@@ -32,7 +32,8 @@ pub enum Outcome {
 /// Why a write did not happen.
 #[derive(Debug, thiserror::Error)]
 pub enum WriteError {
-    /// Retrying cannot help (400, 401, 403, 413 …): the record goes to the dead-letter topic.
+    /// Cosmos DB refuses this document on its own merits (400, 413 …): retrying cannot help, the
+    /// record goes to the dead-letter topic. (Refused credentials are an outage, retried.)
     #[error(transparent)]
     Fatal(CosmosStoreError),
     /// The stage is stopping; the batch is not committed and will be redelivered.
@@ -46,6 +47,7 @@ pub struct DocumentWriter {
     cache: Mutex<HashMap<String, (u64, Etag)>>,
     cache_limit: usize,
     metrics: WriterMetrics,
+    outage: CredentialOutage,
 }
 
 fn version_of(document: &serde_json::Value) -> Option<u64> {
@@ -57,10 +59,17 @@ impl DocumentWriter {
     pub fn new(container: ContainerClient, cache_limit: usize, metrics: WriterMetrics) -> DocumentWriter {
         DocumentWriter {
             container,
+            outage: CredentialOutage::default(),
             cache: Mutex::new(HashMap::new()),
             cache_limit,
             metrics,
         }
+    }
+
+    /// Reports refused credentials through `outage` (readiness, error logs).
+    pub fn with_outage(mut self, outage: CredentialOutage) -> DocumentWriter {
+        self.outage = outage;
+        self
     }
 
     fn cached(&self, key: &str) -> Option<(u64, Etag)> {
@@ -145,7 +154,10 @@ impl DocumentWriter {
         let mut optimistic = version == 1;
         let result = loop {
             match self.attempt(key, version, document, optimistic).await {
-                Ok(Some(outcome)) => break Ok(outcome),
+                Ok(Some(outcome)) => {
+                    self.outage.succeeded();
+                    break Ok(outcome);
+                }
                 // Lost a race (409/412): decide again right away with a fresh read.
                 Ok(None) => {
                     self.forget(key);
@@ -156,8 +168,10 @@ impl DocumentWriter {
                     let cause = error
                         .status()
                         .map_or_else(|| "transport".to_owned(), |status| status.to_string());
-                    if error.class() != ErrorClass::Retry {
-                        break Err(WriteError::Fatal(error));
+                    match error.class() {
+                        ErrorClass::Retry => {}
+                        ErrorClass::Unauthorized => self.outage.refused(&error),
+                        _ => break Err(WriteError::Fatal(error)),
                     }
                     self.metrics.retries.with_label_values(&[&cause]).inc();
                     if stopping() {

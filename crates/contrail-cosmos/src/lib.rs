@@ -130,9 +130,19 @@ pub enum ErrorClass {
     Conflict,
     /// 404 Not Found.
     NotFound,
-    /// Anything else (400, 401, 403, 413 …): retrying cannot help.
+    /// 401/403: the credentials were refused (a rotated key, a missing role assignment). An
+    /// outage of the stage, not a fault of the record: back off, report not ready, say what to
+    /// fix, and retry — never dead-letter or commit past it.
+    Unauthorized,
+    /// Anything else (400, 413 …): the service refuses the request on its own merits; retrying
+    /// cannot help.
     Fatal,
 }
+
+/// What to check when Cosmos DB refuses the credentials.
+pub const CREDENTIALS_HINT: &str = "check cosmos.key (CONTRAIL_COSMOS__KEY: a regenerated account key must be \
+     redeployed), or with cosmos.auth = workload_identity / managed_identity that the identity holds the \
+     \"Cosmos DB Built-in Data Contributor\" role on the account";
 
 /// Classifies an HTTP status (0 = no response).
 pub fn classify_status(status: u16) -> ErrorClass {
@@ -141,6 +151,7 @@ pub fn classify_status(status: u16) -> ErrorClass {
         409 => ErrorClass::Conflict,
         404 => ErrorClass::NotFound,
         0 | 408 | 410 | 429 | 449 | 500 | 502 | 503 | 504 => ErrorClass::Retry,
+        401 | 403 => ErrorClass::Unauthorized,
         _ => ErrorClass::Fatal,
     }
 }
@@ -177,6 +188,57 @@ impl CosmosStoreError {
     /// Whether retrying later can succeed.
     pub fn is_retryable(&self) -> bool {
         self.class() == ErrorClass::Retry
+    }
+
+    /// Whether the credentials were refused (401/403): an outage until someone fixes them.
+    pub fn is_unauthorized(&self) -> bool {
+        self.class() == ErrorClass::Unauthorized
+    }
+}
+
+/// Refused credentials (401/403) are an outage of the stage: writes wait and retry, the stage
+/// reports not ready, and an error says what to fix (every 30 s at most, however many writes
+/// are waiting); the first write that succeeds ends it.
+#[derive(Default)]
+pub struct CredentialOutage {
+    /// What waits ("writes", "change feed reads"), for the log.
+    what: &'static str,
+    health: Option<contrail_common::server::Health>,
+    /// When the last error was logged (`None`: no outage).
+    since: std::sync::Mutex<Option<std::time::Instant>>,
+}
+
+impl CredentialOutage {
+    /// An outage tracker for `what` waits, that also drives `health` (readiness).
+    pub fn with_health(what: &'static str, health: contrail_common::server::Health) -> CredentialOutage {
+        CredentialOutage {
+            what,
+            health: Some(health),
+            since: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// `error` refused the credentials: not ready, and an error log (every 30 s at most).
+    pub fn refused(&self, error: &CosmosStoreError) {
+        let mut since = self.since.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if since.is_none_or(|logged| logged.elapsed() >= std::time::Duration::from_secs(30)) {
+            tracing::error!(%error, hint = CREDENTIALS_HINT, waiting = self.what, "Cosmos DB refuses the credentials: nothing is dead-lettered or committed until they are fixed");
+            *since = Some(std::time::Instant::now());
+        }
+        if let Some(health) = &self.health {
+            health.set_ready(false);
+        }
+    }
+
+    /// A request succeeded: the outage, if any, is over.
+    pub fn succeeded(&self) {
+        let mut since = self.since.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if since.take().is_some() {
+            tracing::info!(resuming = self.what, "Cosmos DB accepts the credentials again");
+            if let Some(health) = &self.health {
+                health.set_ready(true);
+            }
+        }
     }
 }
 
@@ -365,13 +427,16 @@ impl CosmosConfig {
 }
 
 /// Runs a start-up step, retrying retryable failures (throttling, a service still starting) for
-/// up to about a minute with short backoff; other failures and the last one are returned.
+/// up to about a minute with short backoff, and refused credentials (401/403) until they are
+/// fixed — logged as errors that say what to fix, every 30 s at most; other failures and the last
+/// retryable one are returned. (The caller races it against shutdown.)
 pub async fn retry_setup<T, F, Fut>(what: &str, mut step: F) -> Result<T, CosmosStoreError>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, CosmosStoreError>>,
 {
     let mut attempt = 0;
+    let mut refused: u32 = 0;
     loop {
         match step().await {
             Err(error) if error.is_retryable() && attempt < 60 => {
@@ -379,6 +444,14 @@ where
                 tracing::warn!(%error, attempt, delay_ms = delay.as_millis() as u64, "{what} failed; retrying");
                 tokio::time::sleep(delay).await;
                 attempt += 1;
+            }
+            Err(error) if error.is_unauthorized() => {
+                let delay = backoff(refused)
+                    .max(Duration::from_secs(1))
+                    .min(Duration::from_secs(30));
+                tracing::error!(%error, attempts = refused + 1, retry_in_ms = delay.as_millis() as u64, hint = CREDENTIALS_HINT, "{what}: Cosmos DB refused the credentials; waiting for them to be fixed");
+                tokio::time::sleep(delay).await;
+                refused = refused.saturating_add(1);
             }
             result => return result,
         }
@@ -405,7 +478,12 @@ mod tests {
         assert_eq!(classify_status(409), ErrorClass::Conflict);
         assert_eq!(classify_status(404), ErrorClass::NotFound);
         assert_eq!(classify_status(400), ErrorClass::Fatal);
-        assert_eq!(classify_status(401), ErrorClass::Fatal);
+        assert_eq!(
+            classify_status(401),
+            ErrorClass::Unauthorized,
+            "an outage, not poison"
+        );
+        assert_eq!(classify_status(403), ErrorClass::Unauthorized);
         assert_eq!(classify_status(413), ErrorClass::Fatal);
     }
 

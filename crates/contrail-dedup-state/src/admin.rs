@@ -42,8 +42,8 @@ pub struct DedupAdmin {
     pub shutdown: Shutdown,
     /// Metrics.
     pub metrics: DedupMetrics,
-    /// Allowed lateness, µs.
-    pub lateness_us: i64,
+    /// The time rules (lateness, TTLs).
+    pub rules: contrail_dedup::flight::Rules,
     /// Start time.
     pub started: Instant,
 }
@@ -92,7 +92,11 @@ impl admin::admin_service_server::AdminService for DedupAdmin {
             ("records_total".to_owned(), self.metrics.records.get() as f64),
             ("events_accepted_total".to_owned(), verdict("accepted")),
             ("duplicates_total".to_owned(), verdict("duplicate")),
-            ("late_events_total".to_owned(), verdict("late")),
+            (
+                "late_events_total".to_owned(),
+                verdict("late") + verdict("late_expired"),
+            ),
+            ("late_expired_total".to_owned(), verdict("late_expired")),
             ("invalid_records_total".to_owned(), verdict("invalid")),
             (
                 "timers_fired_total".to_owned(),
@@ -237,7 +241,8 @@ impl admin::admin_service_server::AdminService for DedupAdmin {
         request: Request<admin::ReadKeyStateRequest>,
     ) -> Result<Response<admin::ReadKeyStateResponse>, Status> {
         let key = request.into_inner().key;
-        let lateness = self.lateness_us;
+        let rules = self.rules;
+        let lateness = rules.allowed_lateness_us;
         let found = self
             .shards
             .with_shards(
@@ -246,14 +251,18 @@ impl admin::admin_service_server::AdminService for DedupAdmin {
                         let read = contrail_state::inspect(shard, key.as_bytes(), lateness, |context| {
                             let state: Option<FlightKeyState> = context.get(FLIGHT_STATE)?;
                             let dedup = context.dedup_entries()?;
-                            Ok::<_, StateError>((state, dedup, context.timers()))
+                            let expired = state.as_ref().is_some_and(|state| {
+                                flight::is_tombstone(state, context.watermark_us(), &rules)
+                            });
+                            Ok::<_, StateError>((state, dedup, context.timers(), expired))
                         })?;
-                        let (state, dedup, timers) = read;
+                        let (state, dedup, timers, expired) = read;
                         if state.is_none() && dedup.is_empty() && timers.is_empty() {
                             continue;
                         }
                         return Ok(Some(admin::ReadKeyStateResponse {
                             found: state.is_some(),
+                            expired,
                             state_json: state
                                 .map(|state| flight_document(&flight::current_state(&state)).to_string())
                                 .unwrap_or_default(),

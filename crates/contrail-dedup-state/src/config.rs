@@ -211,6 +211,19 @@ impl DedupStateConfig {
         if self.batch.max_records == 0 {
             return Err("batch.max_records = 0: must be at least 1".to_owned());
         }
+        // The outputs' order and completeness rest on these producer settings (see
+        // `producer_config`): they are not the operator's to change.
+        for (key, required) in [("message.timeout.ms", "0"), ("enable.idempotence", "true")] {
+            if let Some(value) = self.kafka.properties.get(key)
+                && value != required
+            {
+                return Err(format!(
+                    "kafka.properties.{key} = {value:?}: dedup-state needs {required} (an output that \
+                     times out or is retried without idempotence would reach its topic out of order or \
+                     twice); remove the setting"
+                ));
+            }
+        }
         if self.checkpoint.keep == 0 {
             return Err("checkpoint.keep = 0: must keep at least one complete checkpoint".to_owned());
         }
@@ -274,6 +287,27 @@ mod tests {
         assert_eq!(config.validate(), Ok(()));
         assert!(config.group.static_membership);
         assert_eq!(config.checkpoint.peers.len(), 2);
+    }
+
+    /// An output that times out would be re-sent behind newer ones: the producer settings that
+    /// keep each topic in input order are refused when changed.
+    #[test]
+    fn a_delivery_timeout_or_a_non_idempotent_producer_is_refused() {
+        for (key, value) in [("message.timeout.ms", "3000"), ("enable.idempotence", "false")] {
+            let mut config = DedupStateConfig::default();
+            config.kafka.properties.insert(key.to_owned(), value.to_owned());
+            let error = config.validate().expect_err(key);
+            assert!(error.contains(&format!("kafka.properties.{key}")), "{error}");
+        }
+        let mut config = DedupStateConfig::default();
+        config
+            .kafka
+            .properties
+            .insert("message.timeout.ms".to_owned(), "0".to_owned());
+        assert_eq!(config.validate(), Ok(()));
+        let producer = crate::producer_config(&DedupStateConfig::default()).expect("producer config");
+        assert_eq!(producer.get("message.timeout.ms"), Some("0"));
+        assert_eq!(producer.get("enable.idempotence"), Some("true"));
     }
 
     #[test]

@@ -39,12 +39,17 @@ pub use config::DedupStateConfig;
 pub use error::DedupStateError;
 
 use crate::checkpointing::{ControlServer, Coordinator};
-use crate::worker::{GroupContext, OutputContext, ShardSet, WorkerSettings};
+use crate::worker::{GroupContext, OutputContext, Processing, ShardSet, WorkerSettings};
 
-/// librdkafka settings of the output producer: idempotent, all replicas, long retries (an output
-/// stays in the outbox until acknowledged, so giving up early only means re-sending later).
+/// librdkafka settings of the output producer: idempotent, all replicas, and no delivery timeout
+/// (`message.timeout.ms = 0`): an output waits for the broker however long it is away. A timed-out
+/// output would have to be re-sent behind newer ones, and downstream de-duplication relies on
+/// each topic receiving a partition's outputs in input order (DESIGN §4); the outbox, not a
+/// timeout, bounds what is in flight (`batch.max_unacknowledged`).
 pub fn producer_config(config: &DedupStateConfig) -> Result<ClientConfig, DedupStateError> {
-    Ok(config.kafka.producer_config("dedup-state")?)
+    let mut client = config.kafka.producer_config("dedup-state")?;
+    client.set("message.timeout.ms", "0");
+    Ok(client)
 }
 
 /// librdkafka settings of the group consumer. Offsets are never auto-committed: the offset of
@@ -87,8 +92,11 @@ pub async fn run(config: DedupStateConfig, shutdown: Shutdown) -> Result<(), Ded
         tokio::runtime::Handle::current(),
         producer,
         delivery_receiver,
-        config.topics.clone(),
-        config.rules.rules(),
+        Processing {
+            topics: config.topics.clone(),
+            rules: config.rules.rules(),
+            max_message_bytes: config.kafka.max_message_bytes(),
+        },
         metrics.clone(),
     )?);
     let watermarks: Arc<BaseConsumer> = Arc::new(config.kafka.watermark_client("dedup-state")?);
@@ -155,7 +163,7 @@ pub async fn run(config: DedupStateConfig, shutdown: Shutdown) -> Result<(), Ded
         health: health.clone(),
         shutdown: shutdown.clone(),
         metrics: metrics.clone(),
-        lateness_us: config.rules.rules().allowed_lateness_us,
+        rules: config.rules.rules(),
         started,
     };
     let control = ControlServer::new(config.instance.clone(), command_sender, store.clone());

@@ -1,12 +1,13 @@
 //! The flight processor: DESIGN §3 on the state engine. Per flight key it keeps the
-//! `FlightKeyState` (value state with the state TTL), the dedup entries of accepted event ids (dedup
+//! `FlightKeyState` (value state kept until `dedup_ttl` after the flight's last event; from
+//! `state_ttl` on it is the flight's tombstone, see [`flight::is_tombstone`]), the dedup entries of accepted event ids (dedup
 //! TTL) and the DEPARTURE_OVERDUE event-time timer; per record it decides duplicate / late / accepted
 //! with the pure [`contrail_dedup::flight::decide`] and emits the outputs.
 //!
 //! Everything emitted is a function of the input alone (no wall clock), so reprocessing after a
 //! crash or a restore regenerates byte-identical outputs.
 
-use contrail_dedup::flight::{self, Rules, Verdict};
+use contrail_dedup::flight::{self, LateReason, Rules, Verdict};
 use contrail_proto::state::v1::FlightKeyState;
 use contrail_proto::v1::{Alert, DeadLetter, OperationalEvent, SourcePosition};
 use contrail_state::{InputRecord, KeyContext, StateError, StatefulProcessor, TimeDomain, Timer};
@@ -26,22 +27,36 @@ pub const INVALID_KEY: &[u8] = b"\xffinvalid-key";
 /// Where outputs go: the stage's topic configuration.
 pub type OutputTopics = crate::config::TopicsConfig;
 
+/// What an output adds to its input record's bytes at most: the input position, the late reason,
+/// a state's own fields. An input record larger than the message limit less this cannot have its
+/// outputs written: it is dead-lettered instead.
+pub const OUTPUT_HEADROOM_BYTES: usize = 16 * 1024;
+
 /// The DESIGN §3 processor.
 pub struct FlightProcessor {
     rules: Rules,
     topics: OutputTopics,
     partition: i32,
     metrics: Option<DedupMetrics>,
+    /// The broker's message limit: no output may be larger.
+    max_message_bytes: usize,
 }
 
 impl FlightProcessor {
-    /// A processor for the shard of `partition`.
-    pub fn new(rules: Rules, topics: OutputTopics, partition: i32, metrics: Option<DedupMetrics>) -> Self {
+    /// A processor for the shard of `partition` whose outputs must fit in `max_message_bytes`.
+    pub fn new(
+        rules: Rules,
+        topics: OutputTopics,
+        partition: i32,
+        metrics: Option<DedupMetrics>,
+        max_message_bytes: usize,
+    ) -> Self {
         FlightProcessor {
             rules,
             topics,
             partition,
             metrics,
+            max_message_bytes,
         }
     }
 
@@ -54,7 +69,7 @@ impl FlightProcessor {
     fn dead_letter(&self, context: &mut KeyContext<'_>, record: &InputRecord<'_>, reason: String) {
         self.count("invalid");
         tracing::warn!(partition = self.partition, offset = record.offset, %reason, "undecodable input record to the dead-letter topic");
-        let letter = DeadLetter {
+        let mut letter = DeadLetter {
             stage: "dedup-state".to_owned(),
             reason,
             errors: Vec::new(),
@@ -65,8 +80,10 @@ impl FlightProcessor {
             // Deterministic outputs: no wall clock. The input position identifies the record.
             rejected_at_us: 0,
             input: Some(self.position(record.offset)),
+            ..DeadLetter::default()
         };
         let key = record.key.to_vec();
+        contrail_common::dead_letter::fit(&mut letter, key.len(), self.max_message_bytes);
         context.emit(&self.topics.dlq, &key, letter.encode_to_vec());
     }
 
@@ -85,6 +102,20 @@ impl StatefulProcessor for FlightProcessor {
         context: &mut KeyContext<'_>,
         record: &InputRecord<'_>,
     ) -> Result<(), StateError> {
+        let largest = self.max_message_bytes.saturating_sub(OUTPUT_HEADROOM_BYTES);
+        if record.payload.len() + record.key.len() > largest {
+            self.dead_letter(
+                context,
+                record,
+                format!(
+                    "record of {} bytes: what dedup-state writes for it would exceed the broker's message \
+                     limit of {} bytes (at most {largest} bytes with its key)",
+                    record.payload.len(),
+                    self.max_message_bytes
+                ),
+            );
+            return Ok(());
+        }
         let event = match OperationalEvent::decode(record.payload) {
             Ok(event) => event,
             Err(error) => {
@@ -110,21 +141,25 @@ impl StatefulProcessor for FlightProcessor {
         let position = self.position(record.offset);
         let mut key_state: Option<FlightKeyState> = context.get(FLIGHT_STATE)?;
         let already_seen = context.dedup_contains(event.event_id.as_bytes())?;
-        let shard_max = context.max_event_time_us();
+        let shard_watermark = context.watermark_us();
         match flight::decide(
             &mut key_state,
             &event,
             &position,
             already_seen,
-            shard_max,
+            shard_watermark,
             &self.rules,
         ) {
             Verdict::Duplicate => self.count("duplicate"),
-            Verdict::Late { watermark_us } => {
-                self.count("late");
-                tracing::debug!(event_id = %event.event_id, flight_key = %event.flight_key, watermark_us, "late event");
+            Verdict::Late { watermark_us, reason } => {
+                self.count(match reason {
+                    LateReason::Lateness => "late",
+                    LateReason::Expired => "late_expired",
+                });
+                tracing::debug!(event_id = %event.event_id, flight_key = %event.flight_key, watermark_us, reason = reason.as_str(), "late event");
                 let mut late = event;
                 late.input = Some(position);
+                late.late_reason = reason.as_str().to_owned();
                 context.emit(&self.topics.late, record.key, late.encode_to_vec());
             }
             Verdict::Accepted { state } => {
@@ -141,7 +176,7 @@ impl StatefulProcessor for FlightProcessor {
                 context.set(
                     FLIGHT_STATE,
                     &key_state,
-                    Some(flight::state_expiry(&key_state, &self.rules)),
+                    Some(flight::record_expiry(&key_state, &self.rules)),
                 );
                 match flight::overdue_timer(&state, key_state.overdue_alerted, &self.rules) {
                     Some(fire_at) => context.register_timer(OVERDUE_TIMER, TimeDomain::EventTime, fire_at),
@@ -163,6 +198,9 @@ impl StatefulProcessor for FlightProcessor {
         let Some(mut key_state) = context.get::<FlightKeyState>(FLIGHT_STATE)? else {
             return Ok(());
         };
+        if flight::is_tombstone(&key_state, context.watermark_us(), &self.rules) {
+            return Ok(());
+        }
         let current = flight::current_state(&key_state);
         if key_state.overdue_alerted || !flight::is_overdue(&current, timer.fire_at_us, &self.rules) {
             return Ok(());
@@ -171,7 +209,7 @@ impl StatefulProcessor for FlightProcessor {
         context.set(
             FLIGHT_STATE,
             &key_state,
-            Some(flight::state_expiry(&key_state, &self.rules)),
+            Some(flight::record_expiry(&key_state, &self.rules)),
         );
         let alert = Alert {
             alert_id: format!("{}/{DEPARTURE_OVERDUE}", current.flight_key),
@@ -223,7 +261,7 @@ mod tests {
                 .enumerate()
                 .map(|(offset, (key, payload))| InputRecord { key, payload, offset: offset as i64 })
                 .collect();
-            let mut processor = FlightProcessor::new(Rules::default(), topics(), 0, None);
+            let mut processor = FlightProcessor::new(Rules::default(), topics(), 0, None, 1_000_000);
             let result = shard
                 .process_batch(&inputs, &mut processor, &EngineConfig { allowed_lateness_us: 3_600_000_000 }, 0)
                 .expect("a batch of arbitrary records commits");
@@ -274,7 +312,7 @@ mod tests {
                 offset: 1,
             },
         ];
-        let mut processor = FlightProcessor::new(Rules::default(), topics(), 0, None);
+        let mut processor = FlightProcessor::new(Rules::default(), topics(), 0, None, 1_000_000);
         let result = shard
             .process_batch(
                 &inputs,

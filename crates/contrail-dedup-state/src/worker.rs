@@ -43,8 +43,11 @@ use contrail_dedup::flight::Rules;
 #[derive(Debug)]
 pub struct Delivery {
     partition: i32,
+    /// Which open of the shard produced it (reports of an earlier open are only counted).
+    generation: u64,
     sequence: u64,
-    ok: bool,
+    /// The broker's error, when it was not acknowledged.
+    error: Option<String>,
 }
 
 /// Producer context: forwards delivery reports to the processing thread.
@@ -62,22 +65,31 @@ pub fn output_context(deliveries: Sender<Delivery>) -> OutputContext {
 }
 
 impl ProducerContext for OutputContext {
-    type DeliveryOpaque = Box<(i32, u64)>;
+    type DeliveryOpaque = Box<(i32, u64, u64)>;
 
     fn delivery(&self, result: &DeliveryResult<'_>, opaque: Self::DeliveryOpaque) {
-        let (partition, sequence) = *opaque;
-        if let Err((error, _)) = result {
-            tracing::warn!(partition, sequence, %error, "output not acknowledged; it will be re-sent");
-        }
+        let (partition, generation, sequence) = *opaque;
         let delivery = Delivery {
             partition,
+            generation,
             sequence,
-            ok: result.is_ok(),
+            error: result.as_ref().err().map(|(error, _)| error.to_string()),
         };
         if let Ok(sender) = self.deliveries.lock() {
             let _ = sender.send(delivery);
         }
     }
+}
+
+/// What the flight processor of every shard works with.
+#[derive(Debug, Clone)]
+pub struct Processing {
+    /// Where outputs go.
+    pub topics: OutputTopics,
+    /// The time rules of DESIGN §3.
+    pub rules: Rules,
+    /// The broker's message limit: every output and dead letter stays below it.
+    pub max_message_bytes: usize,
 }
 
 /// What a shard owner checkpointed locally for an epoch (uploaded by the async side).
@@ -128,7 +140,51 @@ struct Inner {
     shards: BTreeMap<i32, OwnedShard>,
     /// Outputs to (re-)produce before anything new: (partition, sequence, record).
     resend: VecDeque<(i32, u64, OutboxRecord)>,
-    unacknowledged: usize,
+    /// Outputs handed to the producer whose delivery report has not come back. With `resend`,
+    /// exactly the outputs not yet acknowledged.
+    in_flight: InFlight,
+}
+
+impl Inner {
+    fn unacknowledged(&self) -> usize {
+        self.resend.len() + self.in_flight.total()
+    }
+}
+
+/// Outputs handed to the producer and not yet reported, per (partition, generation of the
+/// shard's open). Every report is counted off, whether its shard is still owned or not, and a
+/// closed shard's entries go with it: the count cannot leak (pure; property-tested).
+#[derive(Debug, Default)]
+pub struct InFlight {
+    counts: HashMap<(i32, u64), usize>,
+}
+
+impl InFlight {
+    /// One output of `partition`/`generation` was handed to the producer.
+    pub fn sent(&mut self, partition: i32, generation: u64) {
+        *self.counts.entry((partition, generation)).or_default() += 1;
+    }
+
+    /// A delivery report came back (acknowledged or not).
+    pub fn reported(&mut self, partition: i32, generation: u64) {
+        if let Some(count) = self.counts.get_mut(&(partition, generation)) {
+            *count -= 1;
+            if *count == 0 {
+                self.counts.remove(&(partition, generation));
+            }
+        }
+    }
+
+    /// The shard of `partition` was closed: its outstanding reports no longer count (the outputs
+    /// are in its outbox, which the next owner re-sends).
+    pub fn closed(&mut self, partition: i32) {
+        self.counts.retain(|(owner, _), _| *owner != partition);
+    }
+
+    /// Outputs outstanding.
+    pub fn total(&self) -> usize {
+        self.counts.values().sum()
+    }
 }
 
 /// The owned shards and everything needed to open, process and close them. Shared by the
@@ -141,8 +197,7 @@ pub struct ShardSet {
     runtime: tokio::runtime::Handle,
     producer: ThreadedProducer<OutputContext>,
     deliveries: Mutex<Receiver<Delivery>>,
-    topics: OutputTopics,
-    rules: Rules,
+    processing: Processing,
     metrics: DedupMetrics,
     /// Set when a shard failed to open or commit: the processing thread stops and the process exits
     /// (a restart recovers from the local directory or the checkpoint store).
@@ -153,15 +208,13 @@ pub struct ShardSet {
 
 impl ShardSet {
     /// A shard set storing shards under `state_dir`.
-    #[allow(clippy::too_many_arguments)]
     pub fn new(
         state_dir: PathBuf,
         store: CheckpointStore,
         runtime: tokio::runtime::Handle,
         producer: ThreadedProducer<OutputContext>,
         deliveries: Receiver<Delivery>,
-        topics: OutputTopics,
-        rules: Rules,
+        processing: Processing,
         metrics: DedupMetrics,
     ) -> Result<ShardSet, DedupStateError> {
         let staging_dir = state_dir.join(".checkpoints");
@@ -177,7 +230,7 @@ impl ShardSet {
             inner: Mutex::new(Inner {
                 shards: BTreeMap::new(),
                 resend: VecDeque::new(),
-                unacknowledged: 0,
+                in_flight: InFlight::default(),
             }),
             state_dir,
             staging_dir,
@@ -185,8 +238,7 @@ impl ShardSet {
             runtime,
             producer,
             deliveries: Mutex::new(deliveries),
-            topics,
-            rules,
+            processing,
             metrics,
             failed: Mutex::new(None),
             opens: AtomicU64::new(0),
@@ -269,7 +321,6 @@ impl ShardSet {
         let next_offset = protocol::resume_offset(shard.progress().next_offset);
         tracing::info!(partition, ?next_offset, %origin, outbox = outbox.len(), "shard opened");
         let mut inner = self.lock();
-        inner.unacknowledged += outbox.len();
         self.metrics.outputs_resent.inc_by(outbox.len() as u64);
         inner.resend.extend(
             outbox
@@ -289,13 +340,15 @@ impl ShardSet {
                 generation,
             },
         );
-        self.metrics.outbox_pending.set(inner.unacknowledged as i64);
+        self.metrics.outbox_pending.set(inner.unacknowledged() as i64);
         Ok(next_offset.map_or(Offset::Beginning, Offset::Offset))
     }
 
     /// Flushes outputs, applies acknowledgements, and closes the shards of `partitions`.
     fn close(&self, partitions: &[i32]) {
-        let _ = self.produce_resends();
+        if let Err(error) = self.produce_resends() {
+            tracing::warn!(%error, "re-sending before closing shards; the outputs stay in the outbox");
+        }
         if let Err(error) = self.producer.flush(Duration::from_secs(10)) {
             tracing::warn!(%error, "flush before closing shards; unacknowledged outputs stay in the outbox");
         }
@@ -306,7 +359,9 @@ impl ShardSet {
                 tracing::info!(partition, "shard closed");
             }
             inner.resend.retain(|(owner, _, _)| owner != partition);
+            inner.in_flight.closed(*partition);
         }
+        self.metrics.outbox_pending.set(inner.unacknowledged() as i64);
     }
 
     /// Closes every shard (shutdown).
@@ -315,7 +370,10 @@ impl ShardSet {
         self.close(&partitions);
     }
 
-    /// Applies delivery reports: acknowledged outputs leave the outbox, failed ones are re-queued.
+    /// Applies delivery reports: acknowledged outputs leave the outbox. A failed one fails the
+    /// shard set: outputs are produced with no delivery timeout, so a failure is permanent, and
+    /// re-sending it behind newer outputs would break the order downstream de-duplication relies
+    /// on (DESIGN §4). The restart re-sends the outbox, in order, before anything new.
     pub fn apply_deliveries(&self) {
         let reports: Vec<Delivery> = match self.deliveries.lock() {
             Ok(receiver) => receiver.try_iter().collect(),
@@ -327,23 +385,22 @@ impl ShardSet {
         let mut acknowledged: HashMap<i32, Vec<u64>> = HashMap::new();
         let mut inner = self.lock();
         for report in reports {
-            if report.ok {
-                acknowledged
+            inner.in_flight.reported(report.partition, report.generation);
+            let owned = inner
+                .shards
+                .get(&report.partition)
+                .is_some_and(|owned| owned.generation == report.generation);
+            match report.error {
+                None if owned => acknowledged
                     .entry(report.partition)
                     .or_default()
-                    .push(report.sequence);
-                inner.unacknowledged = inner.unacknowledged.saturating_sub(1);
-            } else if let Some(owned) = inner.shards.get(&report.partition) {
-                match owned.shard.outbox_record(report.sequence) {
-                    Ok(Some(record)) => {
-                        inner
-                            .resend
-                            .push_back((report.partition, report.sequence, record));
-                        self.metrics.outputs_resent.inc();
-                    }
-                    Ok(None) => {}
-                    Err(error) => self.fail(error.to_string()),
-                }
+                    .push(report.sequence),
+                // A report for a shard closed since: the output stays in that shard's outbox.
+                None => {}
+                Some(error) => self.fail(format!(
+                    "output {} of partition {} was not acknowledged by the broker: {error}",
+                    report.sequence, report.partition
+                )),
             }
         }
         for (partition, sequences) in acknowledged {
@@ -353,17 +410,27 @@ impl ShardSet {
                 self.fail(error.to_string());
             }
         }
-        self.metrics.outbox_pending.set(inner.unacknowledged as i64);
+        self.metrics.outbox_pending.set(inner.unacknowledged() as i64);
     }
 
+    /// Hands one output to the producer (waiting while its queue is full) and counts it in
+    /// flight. `Err` for any other refusal: the output stays in the outbox.
     fn send(&self, partition: i32, sequence: u64, record: &OutboxRecord) -> Result<(), KafkaError> {
+        let generation = match self.lock().shards.get(&partition) {
+            Some(owned) => owned.generation,
+            // Closed meanwhile: the next owner re-sends it from the outbox.
+            None => return Ok(()),
+        };
         let mut attempts = 0u32;
         loop {
-            let base = BaseRecord::with_opaque_to(&record.topic, Box::new((partition, sequence)))
+            let base = BaseRecord::with_opaque_to(&record.topic, Box::new((partition, generation, sequence)))
                 .key(&record.key)
                 .payload(&record.payload);
             match self.producer.send(base) {
-                Ok(()) => return Ok(()),
+                Ok(()) => {
+                    self.lock().in_flight.sent(partition, generation);
+                    return Ok(());
+                }
                 Err((KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull), _)) => {
                     attempts += 1;
                     if attempts.is_multiple_of(1000) {
@@ -376,28 +443,42 @@ impl ShardSet {
         }
     }
 
+    /// Produces the queued re-sends, oldest first. On a refusal the output goes back to the
+    /// front of the queue and the error is returned.
     fn produce_resends(&self) -> Result<(), KafkaError> {
         loop {
             let next = self.lock().resend.pop_front();
             let Some((partition, sequence, record)) = next else {
                 return Ok(());
             };
-            self.send(partition, sequence, &record)?;
+            if let Err(error) = self.send(partition, sequence, &record) {
+                self.lock().resend.push_front((partition, sequence, record));
+                return Err(error);
+            }
         }
     }
 
-    /// Outputs produced and not yet acknowledged.
+    /// Outputs produced and not yet acknowledged (queued for re-sending, or in flight).
     pub fn unacknowledged(&self) -> usize {
-        self.lock().unacknowledged
+        self.lock().unacknowledged()
     }
 
-    /// Processes one partition's records (in offset order) as one batch and produces the outputs.
-    fn process(&self, partition: i32, records: &[OwnedRecord], lateness_us: i64) -> Result<(), StateError> {
+    /// Processes one partition's records (in offset order) as one batch and produces the outputs
+    /// — after any queued re-sends, so each output topic receives a partition's outputs in the
+    /// order of their input offsets. A batch that does not start at the shard's stored offset is
+    /// not processed: [`Processed::Gap`] (the caller repositions the consumer).
+    fn process(
+        &self,
+        partition: i32,
+        records: &[OwnedRecord],
+        lateness_us: i64,
+        accept_gap: bool,
+    ) -> Result<Processed, DedupStateError> {
         let started = Instant::now();
         let mut inner = self.lock();
         let Some(owned) = inner.shards.get_mut(&partition) else {
             // Not ours (revoked while buffered): the new owner reads them from its stored offset.
-            return Ok(());
+            return Ok(Processed::Done);
         };
         let from = owned.shard.progress().next_offset.unwrap_or(i64::MIN);
         let inputs: Vec<InputRecord<'_>> = records
@@ -413,25 +494,23 @@ impl ShardSet {
                 offset: record.offset,
             })
             .collect();
-        if inputs.is_empty() {
-            return Ok(());
-        }
-        if let Some(first) = inputs.first()
-            && from != i64::MIN
-            && first.offset != from
-        {
-            tracing::warn!(
-                partition,
-                expected = from,
-                got = first.offset,
-                "gap in the input offsets (retention or compaction)"
-            );
+        let Some(first) = inputs.first() else {
+            return Ok(Processed::Done);
+        };
+        if from != i64::MIN && first.offset != from && !accept_gap {
+            // The fetch position is past the shard's offset (a seek that did not take, or records
+            // gone from the broker): never commit over it.
+            return Ok(Processed::Gap {
+                expected: from,
+                got: first.offset,
+            });
         }
         let mut processor = FlightProcessor::new(
-            self.rules,
-            self.topics.clone(),
+            self.processing.rules,
+            self.processing.topics.clone(),
             partition,
             Some(self.metrics.clone()),
+            self.processing.max_message_bytes,
         );
         let now_us = chrono::Utc::now().timestamp_micros();
         let result = owned.shard.process_batch(
@@ -450,7 +529,6 @@ impl ShardSet {
                 .with_label_values(&[&partition.to_string()])
                 .set(bytes as i64);
         }
-        inner.unacknowledged += result.outputs.len();
         drop(inner);
         self.metrics.records.inc_by(result.records as u64);
         self.metrics.evicted.inc_by(result.evicted as u64);
@@ -459,16 +537,23 @@ impl ShardSet {
             .shard_offset
             .with_label_values(&[&partition.to_string()])
             .set(next_offset);
-        for (sequence, record) in &result.outputs {
-            if let Err(error) = self.send(partition, *sequence, record) {
-                // It stays in the outbox; re-sent on the next open of the shard.
-                tracing::warn!(partition, sequence, %error, "produce failed");
-            }
+        // The outputs are in the outbox now. Re-sends queued by an assignment go first.
+        let produced = self.produce_resends().and_then(|()| {
+            result
+                .outputs
+                .iter()
+                .try_for_each(|(sequence, record)| self.send(partition, *sequence, record))
+        });
+        if let Err(error) = produced {
+            // Everything not sent is in the outbox: a restart re-sends it in order.
+            let message = format!("producing the outputs of partition {partition}: {error}");
+            self.fail(message.clone());
+            return Err(DedupStateError::Broker(message));
         }
         self.metrics
             .commit_seconds
             .observe(started.elapsed().as_secs_f64());
-        Ok(())
+        Ok(Processed::Done)
     }
 
     /// RocksDB checkpoints of every owned shard for `epoch`, in the staging directory.
@@ -524,11 +609,87 @@ impl ShardSet {
     }
 }
 
+/// What became of a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Processed {
+    /// Committed (or nothing to do).
+    Done,
+    /// Not processed: the first record is not at the shard's stored offset.
+    Gap {
+        /// The shard's stored offset.
+        expected: i64,
+        /// The first record's offset.
+        got: i64,
+    },
+}
+
+/// What to do when a partition's batch does not start at its shard's stored offset.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GapAction {
+    /// Seek the consumer back to the stored offset and read again.
+    Reseek,
+    /// The broker holds no record between the two offsets (its log starts at or below the
+    /// stored offset, and repeated reads skip the same offsets: transaction markers or
+    /// compaction): process from the record read.
+    Accept,
+    /// Records between the two offsets are gone from the broker: never skip them silently.
+    Fail(String),
+}
+
+/// How many times a partition is re-read from its stored offset before the gap is judged.
+pub const GAP_RETRIES: u32 = 3;
+
+/// Decides on a gap at `partition`: `expected` is the shard's stored offset, `got` the first
+/// record read, `attempts` how many times this gap was seen in a row, `low_watermark` the
+/// partition's first offset on the broker (if it could be read). Pure.
+pub fn on_gap(
+    partition: i32,
+    expected: i64,
+    got: i64,
+    attempts: u32,
+    low_watermark: Option<i64>,
+) -> GapAction {
+    if attempts < GAP_RETRIES {
+        return GapAction::Reseek;
+    }
+    match low_watermark {
+        Some(low) if low > expected => GapAction::Fail(format!(
+            "partition {partition}: records {expected}..{} are gone from the broker (its log starts at {low}: \
+             retention?); dedup-state stops rather than skip them. Restore the data, or accept the loss by \
+             restoring the shard from a checkpoint taken after them",
+            low.min(got)
+        )),
+        Some(_) => GapAction::Accept,
+        None => GapAction::Fail(format!(
+            "partition {partition}: reads start at offset {got}, not at the stored {expected}, and the \
+             broker's log start cannot be read"
+        )),
+    }
+}
+
 /// A polled record, copied out of librdkafka's buffer.
 struct OwnedRecord {
     offset: i64,
     key: Vec<u8>,
     payload: Vec<u8>,
+}
+
+impl<M: Message> From<&M> for OwnedRecord {
+    fn from(message: &M) -> Self {
+        OwnedRecord {
+            offset: message.offset(),
+            key: message.key().unwrap_or_default().to_vec(),
+            payload: message.payload().unwrap_or_default().to_vec(),
+        }
+    }
+}
+
+/// A gap seen at a partition: the shard's offset, how often in a row, whether it was accepted.
+#[derive(Debug, Clone, Copy)]
+struct GapSeen {
+    expected: i64,
+    attempts: u32,
+    accepted: bool,
 }
 
 /// Consumer context: opens and closes shards on assignment and revocation, and assigns partitions
@@ -642,6 +803,7 @@ pub fn run(
     })?;
     let mut is_paused = false;
     let mut buffered: Vec<(i32, OwnedRecord)> = Vec::with_capacity(settings.max_records);
+    let mut gaps: HashMap<i32, GapSeen> = HashMap::new();
     while !stop.load(Ordering::Relaxed) {
         if let Some(failure) = shards.failure() {
             return Err(DedupStateError::Worker(failure));
@@ -671,18 +833,13 @@ pub fn run(
         }
         if is_paused {
             // Keep serving the group (rebalances, heartbeats) while not taking records; a partition
-            // assigned while paused is paused as well.
+            // assigned while paused is paused as well. A record that arrives anyway is kept for
+            // the next batch (never dropped: the fetch position is already past it).
             if let Some(Ok(message)) = consumer.poll(Duration::from_millis(20)) {
-                let partition = message.partition();
                 if let Ok(assignment) = consumer.assignment() {
                     let _ = consumer.pause(&assignment);
                 }
-                let _ = consumer.seek(
-                    message.topic(),
-                    partition,
-                    Offset::Offset(message.offset()),
-                    Duration::from_secs(1),
-                );
+                buffered.push((message.partition(), OwnedRecord::from(&message)));
             }
             continue;
         }
@@ -690,14 +847,7 @@ pub fn run(
         while buffered.len() < settings.max_records {
             let remaining = deadline.saturating_duration_since(Instant::now());
             match consumer.poll(remaining) {
-                Some(Ok(message)) => buffered.push((
-                    message.partition(),
-                    OwnedRecord {
-                        offset: message.offset(),
-                        key: message.key().unwrap_or_default().to_vec(),
-                        payload: message.payload().unwrap_or_default().to_vec(),
-                    },
-                )),
+                Some(Ok(message)) => buffered.push((message.partition(), OwnedRecord::from(&message))),
                 Some(Err(error)) => {
                     tracing::warn!(%error, "consumer error");
                     break;
@@ -716,11 +866,173 @@ pub fn run(
             by_partition.entry(partition).or_default().push(record);
         }
         for (partition, records) in by_partition {
-            shards.process(partition, &records, settings.lateness_us)?;
+            let accept_gap = gaps.get(&partition).is_some_and(|gap| gap.accepted);
+            match shards.process(partition, &records, settings.lateness_us, accept_gap)? {
+                Processed::Done => {
+                    gaps.remove(&partition);
+                }
+                Processed::Gap { expected, got } => {
+                    let gap = gaps.entry(partition).or_insert(GapSeen {
+                        expected,
+                        attempts: 0,
+                        accepted: false,
+                    });
+                    if gap.expected != expected {
+                        *gap = GapSeen {
+                            expected,
+                            attempts: 0,
+                            accepted: false,
+                        };
+                    }
+                    gap.attempts += 1;
+                    let low = (gap.attempts >= GAP_RETRIES)
+                        .then(|| {
+                            consumer
+                                .fetch_watermarks(&settings.input_topic, partition, Duration::from_secs(10))
+                                .ok()
+                                .map(|(low, _)| low)
+                        })
+                        .flatten();
+                    match on_gap(partition, expected, got, gap.attempts, low) {
+                        GapAction::Reseek => {
+                            tracing::warn!(
+                                partition,
+                                expected,
+                                got,
+                                attempt = gap.attempts,
+                                "batch does not start at the shard's offset; reading again from it"
+                            );
+                            consumer
+                                .seek(
+                                    &settings.input_topic,
+                                    partition,
+                                    Offset::Offset(expected),
+                                    Duration::from_secs(10),
+                                )
+                                .map_err(|error| {
+                                    DedupStateError::Broker(format!(
+                                        "partition {partition}: seeking back to the shard's offset {expected}: {error}"
+                                    ))
+                                })?;
+                        }
+                        GapAction::Accept => {
+                            tracing::warn!(
+                                partition,
+                                expected,
+                                got,
+                                "the broker holds no record between the shard's offset and the next record (markers or compaction); continuing from it"
+                            );
+                            gap.accepted = true;
+                            shards.process(partition, &records, settings.lateness_us, true)?;
+                            gaps.remove(&partition);
+                        }
+                        GapAction::Fail(message) => return Err(DedupStateError::Worker(message)),
+                    }
+                }
+            }
         }
     }
     tracing::info!("stopping: closing shards and leaving the group");
     shards.close_all();
     consumer.unsubscribe();
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn a_gap_is_read_again_then_accepted_only_if_the_broker_holds_nothing_in_it() {
+        assert_eq!(on_gap(2, 100, 105, 1, None), GapAction::Reseek);
+        assert_eq!(on_gap(2, 100, 105, GAP_RETRIES - 1, Some(200)), GapAction::Reseek);
+        // The broker's log starts after the shard's offset: records were deleted (retention).
+        match on_gap(2, 100, 105, GAP_RETRIES, Some(103)) {
+            GapAction::Fail(message) => {
+                assert!(
+                    message.contains("partition 2: records 100..103 are gone"),
+                    "{message}"
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+        // The log holds the offsets, yet three reads skip them: no records there.
+        assert_eq!(on_gap(2, 100, 105, GAP_RETRIES, Some(0)), GapAction::Accept);
+        assert!(matches!(
+            on_gap(2, 100, 105, GAP_RETRIES, None),
+            GapAction::Fail(_)
+        ));
+    }
+
+    #[derive(Debug, Clone)]
+    enum Step {
+        Send(i32),
+        Report,
+        Close(i32),
+        Reopen(i32),
+    }
+
+    proptest! {
+        /// Whatever interleaving of sends, reports (in any order, for shards still owned or
+        /// closed), closes and re-opens: the count is exactly the outputs of owned shards whose
+        /// report has not come back, and it returns to 0 once every report arrived or its shard
+        /// was closed — it can never stall consumption.
+        #[test]
+        fn the_in_flight_count_is_exact(
+            steps in prop::collection::vec(
+                prop_oneof![
+                    (0i32..3).prop_map(Step::Send),
+                    Just(Step::Report),
+                    (0i32..3).prop_map(Step::Close),
+                    (0i32..3).prop_map(Step::Reopen),
+                ],
+                0..80,
+            ),
+            picks in prop::collection::vec(any::<prop::sample::Index>(), 80),
+        ) {
+            let mut in_flight = InFlight::default();
+            let mut generation = [0u64; 3];
+            let mut open = [true; 3];
+            // Reports the producer still owes: (partition, generation).
+            let mut owed: Vec<(i32, u64)> = Vec::new();
+            let mut picks = picks.into_iter();
+            for step in steps {
+                match step {
+                    Step::Send(partition) if open[partition as usize] => {
+                        in_flight.sent(partition, generation[partition as usize]);
+                        owed.push((partition, generation[partition as usize]));
+                    }
+                    Step::Send(_) => {}
+                    Step::Report => {
+                        if let (false, Some(pick)) = (owed.is_empty(), picks.next()) {
+                            let (partition, generation) = owed.remove(pick.index(owed.len()));
+                            in_flight.reported(partition, generation);
+                        }
+                    }
+                    Step::Close(partition) => {
+                        in_flight.closed(partition);
+                        open[partition as usize] = false;
+                    }
+                    Step::Reopen(partition) => {
+                        if !open[partition as usize] {
+                            generation[partition as usize] += 1;
+                            open[partition as usize] = true;
+                        }
+                    }
+                }
+                let expected = owed
+                    .iter()
+                    .filter(|(partition, owed_generation)| {
+                        open[*partition as usize] && *owed_generation == generation[*partition as usize]
+                    })
+                    .count();
+                prop_assert_eq!(in_flight.total(), expected);
+            }
+            for (partition, owed_generation) in owed.drain(..) {
+                in_flight.reported(partition, owed_generation);
+            }
+            prop_assert_eq!(in_flight.total(), 0);
+        }
+    }
 }

@@ -36,15 +36,37 @@ impl Default for Rules {
     }
 }
 
+/// Why an event is late (DESIGN §3.2, §3.7). Carried on the late event (`late_reason`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LateReason {
+    /// Older than its flight's watermark (the flight's newest event − `allowed_lateness`).
+    Lateness,
+    /// Its flight expired (it has only a tombstone), or it is older than the shard watermark −
+    /// `state_ttl`: applying it would restart the flight's versions.
+    Expired,
+}
+
+impl LateReason {
+    /// The `late_reason` text on the late event.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LateReason::Lateness => "lateness",
+            LateReason::Expired => "expired",
+        }
+    }
+}
+
 /// The verdict on one event.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Verdict {
     /// Its event id was already accepted for this flight: dropped and counted.
     Duplicate,
-    /// Older than the key's watermark (or than an expired key could be): to `ops.events.late`.
+    /// Not applied: to `ops.events.late`.
     Late {
         /// The watermark it missed, µs.
         watermark_us: i64,
+        /// Why.
+        reason: LateReason,
     },
     /// Applied: emit `state` (version = accepted count) and the event itself.
     Accepted {
@@ -53,29 +75,55 @@ pub enum Verdict {
     },
 }
 
-/// Decides on `event` for a flight whose stored state is `key_state` (`None`: no state, new or
-/// expired). `already_seen`: the event id is in the flight's dedup set. `shard_max_event_time_us`:
-/// the max event time seen in the shard (for keys without state). On acceptance `key_state` is
-/// updated in place (created if needed).
+/// Whether a stored key state is only a tombstone: its flight's last event is `state_ttl` or more
+/// behind the shard watermark, so the flight is over. A tombstone keeps the last version and the
+/// newest event time until [`record_expiry`]; any event for it is late (`expired`), so the
+/// flight's versions never restart.
+pub fn is_tombstone(key_state: &FlightKeyState, shard_watermark_us: i64, rules: &Rules) -> bool {
+    key_state.max_event_time_us.saturating_add(rules.state_ttl_us) <= shard_watermark_us
+}
+
+/// Decides on `event` for a flight whose stored record is `key_state` (`None`: a flight never
+/// seen, or whose tombstone expired). `already_seen`: the event id is in the flight's dedup set.
+/// `shard_watermark_us`: the shard's max event time − `allowed_lateness`, with this event
+/// observed. In order (DESIGN §3.1, §3.2, §3.7):
+/// 1. a live dedup entry → duplicate;
+/// 2. older than shard watermark − `state_ttl` → late, `expired` (whatever the key holds);
+/// 3. the key is a tombstone → late, `expired`;
+/// 4. older than the flight's watermark (its newest event − `allowed_lateness`) → late;
+/// 5. otherwise accepted: `key_state` is updated in place (created for a new flight).
 pub fn decide(
     key_state: &mut Option<FlightKeyState>,
     event: &OperationalEvent,
     input: &SourcePosition,
     already_seen: bool,
-    shard_max_event_time_us: i64,
+    shard_watermark_us: i64,
     rules: &Rules,
 ) -> Verdict {
     if already_seen {
         return Verdict::Duplicate;
     }
-    let watermark_us = match key_state {
-        Some(state) => state.max_event_time_us.saturating_sub(rules.allowed_lateness_us),
-        // No state: either a new flight, or one whose state expired — an event that old would have
-        // been late for the expired state, so it is late by construction.
-        None => shard_max_event_time_us.saturating_sub(rules.state_ttl_us),
-    };
-    if event.event_time_us < watermark_us {
-        return Verdict::Late { watermark_us };
+    let expiry_horizon_us = shard_watermark_us.saturating_sub(rules.state_ttl_us);
+    if event.event_time_us < expiry_horizon_us {
+        return Verdict::Late {
+            watermark_us: expiry_horizon_us,
+            reason: LateReason::Expired,
+        };
+    }
+    if let Some(state) = key_state.as_ref() {
+        if is_tombstone(state, shard_watermark_us, rules) {
+            return Verdict::Late {
+                watermark_us: state.max_event_time_us.saturating_add(rules.state_ttl_us),
+                reason: LateReason::Expired,
+            };
+        }
+        let watermark_us = state.max_event_time_us.saturating_sub(rules.allowed_lateness_us);
+        if event.event_time_us < watermark_us {
+            return Verdict::Late {
+                watermark_us,
+                reason: LateReason::Lateness,
+            };
+        }
     }
     let state = key_state.get_or_insert_with(|| FlightKeyState {
         base: Some(empty_state(event)),
@@ -129,9 +177,14 @@ pub fn is_overdue(state: &FlightState, fire_at_us: i64, rules: &Rules) -> bool {
     overdue_timer(state, false, rules) == Some(fire_at_us)
 }
 
-/// When a flight's state expires: `state_ttl` after its last event.
-pub fn state_expiry(key_state: &FlightKeyState, rules: &Rules) -> i64 {
-    key_state.max_event_time_us.saturating_add(rules.state_ttl_us)
+/// When a flight's stored record is deleted: `dedup_ttl` after its last event (at least
+/// `state_ttl`). From `state_ttl` after its last event until then it is a tombstone
+/// ([`is_tombstone`]); after that the flight's dedup entries are gone too, so nothing of it
+/// remains.
+pub fn record_expiry(key_state: &FlightKeyState, rules: &Rules) -> i64 {
+    key_state
+        .max_event_time_us
+        .saturating_add(rules.dedup_ttl_us.max(rules.state_ttl_us))
 }
 
 /// When a dedup entry for an event expires: `dedup_ttl` after its event time.
@@ -198,7 +251,7 @@ mod tests {
                 event,
                 &input,
                 seen.contains(&event.event_id),
-                shard_max,
+                shard_max.saturating_sub(rules.allowed_lateness_us),
                 rules,
             ) {
                 Verdict::Accepted { state } => {
@@ -308,23 +361,145 @@ mod tests {
         }
     }
 
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        /// Events of one flight at any times, with the shard's watermark moving on (other
+        /// flights) by any amount between them: while the record is kept, the versions emitted
+        /// are 1, 2, 3, … with no restart, an event is accepted only if it is within the
+        /// flight's lateness and the flight is not expired, and every verdict names the rule
+        /// that applied (checked against the rules written out here).
+        #[test]
+        fn versions_never_restart_and_each_late_event_names_its_rule(
+            steps in prop::collection::vec((0i64..6_000, 0i64..4_000), 1..16),
+        ) {
+            let rules = Rules::default();
+            let mut key_state: Option<FlightKeyState> = None;
+            let mut shard_max = i64::MIN;
+            let mut version = 0u64;
+            let mut newest = i64::MIN;
+            for (n, (minute, jump)) in steps.iter().enumerate() {
+                let arriving = event(&format!("e{n}"), TYPES[n % 8], *minute);
+                // Other flights move the shard on by `jump` minutes beyond this event.
+                shard_max = shard_max.max(arriving.event_time_us).max(newest.saturating_add(jump * MINUTE));
+                let watermark = shard_max - rules.allowed_lateness_us;
+                let kept = key_state.as_ref().is_some_and(|state| record_expiry(state, &rules) > watermark);
+                if !kept {
+                    // The engine deletes an expired record: the flight starts over (documented).
+                    key_state = None;
+                    version = 0;
+                    newest = i64::MIN;
+                }
+                let time = arriving.event_time_us;
+                let too_old = time < watermark - rules.state_ttl_us;
+                let tombstone = newest != i64::MIN && newest + rules.state_ttl_us <= watermark;
+                let expected = if too_old || tombstone {
+                    Some(LateReason::Expired)
+                } else if newest != i64::MIN && time < newest - rules.allowed_lateness_us {
+                    Some(LateReason::Lateness)
+                } else {
+                    None
+                };
+                let input = SourcePosition { topic: "raw".into(), partition: 0, offset: n as i64 };
+                match decide(&mut key_state, &arriving, &input, false, watermark, &rules) {
+                    Verdict::Accepted { state } => {
+                        prop_assert_eq!(expected, None);
+                        version += 1;
+                        prop_assert_eq!(state.version, version, "no restart, no gap");
+                        newest = newest.max(time);
+                    }
+                    Verdict::Late { reason, .. } => prop_assert_eq!(Some(reason), expected),
+                    Verdict::Duplicate => prop_assert!(false, "no duplicates were sent"),
+                }
+            }
+        }
+    }
+
     #[test]
-    fn a_new_key_is_late_only_if_it_would_have_expired() {
+    fn an_event_older_than_the_shard_watermark_minus_the_state_ttl_is_late_expired() {
         let rules = Rules::default();
-        let shard_max = 100 * 60 * MINUTE;
+        let shard_watermark = 100 * 60 * MINUTE;
         let input = SourcePosition::default();
         let mut fresh = None;
-        let old = event("old", EventType::Out, 100 * 60 - 49 * 60);
-        assert!(matches!(
-            decide(&mut fresh, &old, &input, false, shard_max, &rules),
-            Verdict::Late { .. }
-        ));
+        let old = event("old", EventType::Out, 100 * 60 - 48 * 60 - 1);
+        assert_eq!(
+            decide(&mut fresh, &old, &input, false, shard_watermark, &rules),
+            Verdict::Late {
+                watermark_us: shard_watermark - rules.state_ttl_us,
+                reason: LateReason::Expired
+            }
+        );
         assert!(fresh.is_none(), "late events leave no state");
-        let recent = event("recent", EventType::Out, 100 * 60 - 47 * 60);
+        let recent = event("recent", EventType::Out, 100 * 60 - 48 * 60);
         assert!(matches!(
-            decide(&mut fresh, &recent, &input, false, shard_max, &rules),
+            decide(&mut fresh, &recent, &input, false, shard_watermark, &rules),
             Verdict::Accepted { .. }
         ));
+    }
+
+    /// The scenario of a correction days later: a flight's events, then the shard moves on by
+    /// more than `state_ttl` (other flights), then a DELAYED correction with a recent event time.
+    /// It is late (`expired`), the stored record keeps its version, and nothing restarts at 1.
+    #[test]
+    fn a_correction_for_an_expired_flight_is_late_and_its_versions_never_restart() {
+        let rules = Rules::default();
+        let input = SourcePosition::default();
+        let mut key_state = None;
+        let mut shard_max = i64::MIN;
+        for (n, kind) in TYPES.iter().enumerate() {
+            let arriving = event(&format!("e{n}"), *kind, 1000 + n as i64);
+            shard_max = shard_max.max(arriving.event_time_us);
+            let verdict = decide(
+                &mut key_state,
+                &arriving,
+                &input,
+                false,
+                shard_max - rules.allowed_lateness_us,
+                &rules,
+            );
+            assert!(matches!(verdict, Verdict::Accepted { .. }), "{verdict:?}");
+        }
+        let last_event = 1000 + 7;
+        // 49 hours of other flights' events later; the correction is stamped now.
+        let now = last_event + 49 * 60;
+        let correction = event("correction", EventType::Delayed, now);
+        let verdict = decide(
+            &mut key_state,
+            &correction,
+            &input,
+            false,
+            now * MINUTE - rules.allowed_lateness_us,
+            &rules,
+        );
+        assert_eq!(
+            verdict,
+            Verdict::Late {
+                watermark_us: last_event * MINUTE + rules.state_ttl_us,
+                reason: LateReason::Expired
+            }
+        );
+        let stored = key_state.expect("the tombstone keeps the flight");
+        assert_eq!(stored.accepted, 8, "the version stays at the flight's last");
+        assert_eq!(
+            record_expiry(&stored, &rules),
+            last_event * MINUTE + rules.dedup_ttl_us,
+            "kept until dedup_ttl after its last event"
+        );
+        // While the state is live (47 h later), the same correction is applied as version 9.
+        let mut live = Some(stored.clone());
+        let live_now = last_event + 47 * 60;
+        let correction = event("correction", EventType::Delayed, live_now);
+        match decide(
+            &mut live,
+            &correction,
+            &input,
+            false,
+            live_now * MINUTE - rules.allowed_lateness_us,
+            &rules,
+        ) {
+            Verdict::Accepted { state } => assert_eq!(state.version, 9),
+            other => panic!("a live flight accepts its correction: {other:?}"),
+        }
     }
 
     #[test]

@@ -207,4 +207,187 @@ pub(crate) mod tests {
         );
         assert_eq!(state.status, status::CANCELLED);
     }
+
+    /// DESIGN §3.4 as a table: each event type applied to the same prior state, with the whole
+    /// resulting state written out field by field (not derived from `apply`).
+    #[test]
+    fn every_event_type_sets_exactly_the_fields_of_the_contract() {
+        const MINUTE: i64 = 60_000_000;
+        let prior = FlightState {
+            flight_key: "UA1-2013-01-01-EWR".to_owned(),
+            carrier: "UA".to_owned(),
+            flight_number: 1,
+            origin: "EWR".to_owned(),
+            service_date: "2013-01-01".to_owned(),
+            status: status::SCHEDULED.to_owned(),
+            scheduled_out_us: Some(600 * MINUTE),
+            scheduled_in_us: Some(800 * MINUTE),
+            destination: Some("IAH".to_owned()),
+            tail_number: Some("N14228".to_owned()),
+            gate: Some("C70".to_owned()),
+            delay_codes: vec!["81".to_owned()],
+            delay_minutes: Some(5),
+            last_event_id: "prior".to_owned(),
+            last_event_time_us: 100 * MINUTE,
+            updated_at_us: 100 * MINUTE,
+            ..FlightState::default()
+        };
+        let at = 700 * MINUTE;
+        let after = |change: &dyn Fn(&mut FlightState)| {
+            let mut expected = prior.clone();
+            expected.last_event_id = "e".to_owned();
+            expected.last_event_time_us = at;
+            expected.updated_at_us = at;
+            change(&mut expected);
+            expected
+        };
+        let cases: Vec<(EventType, EventData, FlightState)> = vec![
+            (
+                EventType::Scheduled,
+                EventData {
+                    scheduled_out_us: Some(610 * MINUTE),
+                    scheduled_in_us: Some(810 * MINUTE),
+                    destination: Some("ORD".to_owned()),
+                    tail_number: Some("N24211".to_owned()),
+                    ..EventData::default()
+                },
+                after(&|s| {
+                    s.scheduled_out_us = Some(610 * MINUTE);
+                    s.scheduled_in_us = Some(810 * MINUTE);
+                    s.destination = Some("ORD".to_owned());
+                    s.tail_number = Some("N24211".to_owned());
+                    s.status = "SCHEDULED".to_owned();
+                }),
+            ),
+            (
+                EventType::Estimated,
+                EventData {
+                    estimated_out_us: Some(615 * MINUTE),
+                    estimated_in_us: Some(815 * MINUTE),
+                    ..EventData::default()
+                },
+                after(&|s| {
+                    s.estimated_out_us = Some(615 * MINUTE);
+                    s.estimated_in_us = Some(815 * MINUTE);
+                }),
+            ),
+            (
+                EventType::GateAssigned,
+                EventData {
+                    gate: Some("C71".to_owned()),
+                    terminal: Some("C".to_owned()),
+                    ..EventData::default()
+                },
+                after(&|s| {
+                    s.gate = Some("C71".to_owned());
+                    s.terminal = Some("C".to_owned());
+                }),
+            ),
+            (
+                EventType::Boarding,
+                EventData::default(),
+                after(&|s| s.status = "BOARDING".to_owned()),
+            ),
+            (
+                EventType::Delayed,
+                EventData {
+                    delay_minutes: Some(45),
+                    delay_code: Some("93".to_owned()),
+                    ..EventData::default()
+                },
+                after(&|s| {
+                    s.delay_minutes = Some(45);
+                    s.delay_codes = vec!["81".to_owned(), "93".to_owned()];
+                    s.estimated_out_us = Some(645 * MINUTE);
+                }),
+            ),
+            (
+                EventType::TailAssigned,
+                EventData {
+                    tail_number: Some("N66051".to_owned()),
+                    ..EventData::default()
+                },
+                after(&|s| s.tail_number = Some("N66051".to_owned())),
+            ),
+            (
+                EventType::Out,
+                EventData {
+                    gate: Some("C72".to_owned()),
+                    ..EventData::default()
+                },
+                after(&|s| {
+                    s.actual_out_us = Some(700 * MINUTE);
+                    s.gate = Some("C72".to_owned());
+                    s.status = "DEPARTED".to_owned();
+                }),
+            ),
+            (
+                EventType::Off,
+                EventData::default(),
+                after(&|s| {
+                    s.actual_off_us = Some(700 * MINUTE);
+                    s.status = "AIRBORNE".to_owned();
+                }),
+            ),
+            (
+                EventType::On,
+                EventData::default(),
+                after(&|s| {
+                    s.actual_on_us = Some(700 * MINUTE);
+                    s.status = "LANDED".to_owned();
+                }),
+            ),
+            (
+                EventType::In,
+                EventData::default(),
+                after(&|s| {
+                    s.actual_in_us = Some(700 * MINUTE);
+                    s.status = "ARRIVED".to_owned();
+                }),
+            ),
+            (
+                EventType::Cancelled,
+                EventData {
+                    reason: Some("weather".to_owned()),
+                    ..EventData::default()
+                },
+                after(&|s| s.status = "CANCELLED".to_owned()),
+            ),
+            (
+                EventType::Diverted,
+                EventData {
+                    diverted_to: Some("AUS".to_owned()),
+                    ..EventData::default()
+                },
+                after(&|s| {
+                    s.diverted_to = Some("AUS".to_owned());
+                    s.status = "DIVERTED".to_owned();
+                }),
+            ),
+        ];
+        assert_eq!(cases.len(), 12, "every event type of DESIGN §2.1");
+        for (event_type, data, expected) in cases {
+            let mut state = prior.clone();
+            apply(&mut state, &event("e", event_type, 700, data));
+            assert_eq!(state, expected, "{event_type:?}");
+        }
+        // Optional fields absent from the event leave the state as it was.
+        let mut state = prior.clone();
+        apply(
+            &mut state,
+            &event("e", EventType::GateAssigned, 700, EventData::default()),
+        );
+        assert_eq!(state.gate.as_deref(), Some("C70"));
+        // A DELAYED without a schedule has no estimate to derive.
+        let mut unscheduled = FlightState::default();
+        let delayed = EventData {
+            delay_minutes: Some(10),
+            ..EventData::default()
+        };
+        apply(&mut unscheduled, &event("d", EventType::Delayed, 1, delayed));
+        assert_eq!(
+            (unscheduled.delay_minutes, unscheduled.estimated_out_us),
+            (Some(10), None)
+        );
+    }
 }

@@ -34,8 +34,6 @@ pub struct DeltaArchiverConfig {
     pub topics: TopicsConfig,
     /// When a batch is committed.
     pub batch: BatchConfig,
-    /// Identity de-duplication of redelivered records.
-    pub dedup: DedupConfig,
     /// Delta table settings and storage credentials.
     pub delta: DeltaConfig,
     /// Scheduled compaction, checkpoints and vacuum.
@@ -57,7 +55,6 @@ impl Default for DeltaArchiverConfig {
             group: GroupConfig::with_id("contrail-delta-archiver"),
             topics: TopicsConfig::default(),
             batch: BatchConfig::default(),
-            dedup: DedupConfig::default(),
             delta: DeltaConfig::default(),
             maintenance: MaintenanceConfig::default(),
             testing: TestingConfig::default(),
@@ -150,23 +147,6 @@ impl BatchConfig {
     }
 }
 
-/// Identity de-duplication (see `window`): a record is dropped when its identity occurred in the
-/// preceding `window_offsets` offsets of its partition.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct DedupConfig {
-    /// Offsets per partition to look back (must exceed any producer's in-flight window; 0 = off).
-    pub window_offsets: i64,
-}
-
-impl Default for DedupConfig {
-    fn default() -> Self {
-        DedupConfig {
-            window_offsets: 50_000,
-        }
-    }
-}
-
 /// Table settings applied when a table is created, and storage options.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -245,12 +225,6 @@ impl DeltaArchiverConfig {
         }
         if self.batch.max_rows == 0 || self.batch.max_bytes == 0 {
             return Err("batch.max_rows and batch.max_bytes must be at least 1".to_owned());
-        }
-        if self.dedup.window_offsets < 0 {
-            return Err(format!(
-                "dedup.window_offsets = {} must not be negative",
-                self.dedup.window_offsets
-            ));
         }
         if self.delta.checkpoint_interval == 0 {
             return Err("delta.checkpoint_interval must be at least 1".to_owned());

@@ -2,7 +2,7 @@
 //!
 //! | topic | table | one row per |
 //! | --- | --- | --- |
-//! | `ops.events.accepted` | `events` | accepted event id |
+//! | `ops.events.accepted` | `events` | accepted `(flight_key, event_id)` |
 //! | `ops.flights.curated` | `flight_states` | `(flight_key, version)` |
 //! | `ops.events.late` | `late_events` | late raw record |
 //! | `ops.flights.changes` | `serving_changes` | `(id, _lsn)` |
@@ -17,8 +17,10 @@
 //! one with the same app ids. A crash between writing Parquet files and committing them leaves
 //! unreferenced files only (vacuum removes them) and the records are archived again after restart.
 //!
-//! Redelivered copies (upstream stages use no Kafka transactions) are dropped by identity within a
-//! window of offsets ([`window`]), decided from the topic alone so a replay decides identically.
+//! Redelivered copies (upstream stages use no Kafka transactions; a dedup-state shard restored
+//! from an old checkpoint regenerates hours of output) are dropped exactly, by origin
+//! ([`applied`]): per (topic partition, input partition or feed range) the highest position
+//! applied is stored in the same commit as a `txn` action, and anything at or below it is a copy.
 //!
 //! Batches span all tables and commit on rows, bytes or latency ([`progress::flush_due`]): one
 //! commit per table per batch. Checkpoints are written by the commit that reaches
@@ -26,6 +28,7 @@
 //! ([`maintenance`]) — compaction is our own (read small files, write one, commit `remove` +
 //! `add` with `dataChange = false`), so the stage needs no DataFusion.
 
+pub mod applied;
 pub mod config;
 pub mod error;
 pub mod maintenance;
@@ -34,7 +37,6 @@ pub mod progress;
 pub mod reader;
 pub mod schema;
 pub mod table;
-pub mod window;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -56,11 +58,11 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 pub use config::DeltaArchiverConfig;
 pub use error::DeltaArchiverError;
 
+use crate::applied::{AppliedPositions, Decision};
 use crate::metrics::ArchiverMetrics;
 use crate::progress::{FlushReason, Placement};
 use crate::schema::{KafkaPosition, Row, Table};
 use crate::table::{CommitOutcome, Tables, TxnUpdate};
-use crate::window::RecentIdentities;
 
 /// A `(topic, partition)`.
 type TopicPartition = (Arc<str>, i32);
@@ -118,7 +120,8 @@ struct PartitionProgress {
     next: i64,
     /// The consumer was sought to `next`.
     sought: bool,
-    window: RecentIdentities,
+    /// The highest position applied per origin (stored, and raised by the batch in flight).
+    applied: AppliedPositions,
     /// Rows taken into the current batch.
     rows: Vec<Row>,
     /// Records of the current batch for the dead-letter topic, with the reason.
@@ -155,7 +158,30 @@ pub async fn run(config: DeltaArchiverConfig, shutdown: Shutdown) -> Result<(), 
         )
         .await?;
     }
-    let tables = Tables::open(&config).await?;
+    let tables = {
+        let mut refused: u32 = 0;
+        loop {
+            let opened = tokio::select! {
+                opened = Tables::open(&config) => opened,
+                () = shutdown.triggered() => return Ok(()),
+            };
+            match opened {
+                Ok(tables) => break tables,
+                Err(error) => match error.storage_access_refused() {
+                    Some(message) => {
+                        let delay = outage_delay(refused);
+                        refused = refused.saturating_add(1);
+                        tracing::error!(root = %config.delta_root, %message, hint = error::STORAGE_ACCESS_HINT, retry_in_ms = delay.as_millis() as u64, "the storage refuses access to the Delta tables; waiting for it to be fixed");
+                        tokio::select! {
+                            () = tokio::time::sleep(delay) => {}
+                            () = shutdown.triggered() => return Ok(()),
+                        }
+                    }
+                    None => return Err(error),
+                },
+            }
+        }
+    };
     tracing::info!(root = %tables.root(), tables = tables_and_topics.len(), "Delta tables open");
 
     let events: Arc<Mutex<Vec<RebalanceEvent>>> = Arc::default();
@@ -225,6 +251,8 @@ pub async fn run(config: DeltaArchiverConfig, shutdown: Shutdown) -> Result<(), 
         batch_bytes: 0,
         batch_started: None,
         last_maintenance: Instant::now(),
+        health: &health,
+        outage: false,
     };
     let result = archiver.run(&paused, &shutdown).await;
     health.set_ready(false);
@@ -394,10 +422,59 @@ struct Archiver<'a> {
     batch_bytes: usize,
     batch_started: Option<Instant>,
     last_maintenance: Instant,
+    health: &'a Health,
+    /// The storage refused access and nothing succeeded since.
+    outage: bool,
+}
+
+/// How long to wait before trying storage again during an access outage: 1 s doubling to 30 s.
+fn outage_delay(attempt: u32) -> Duration {
+    Duration::from_secs(1u64 << attempt.min(5)).min(Duration::from_secs(30))
 }
 
 impl Archiver<'_> {
+    /// Archives until `shutdown`. Refused storage access (a rotated key, a missing role) is an
+    /// outage, not a fault of the records: not ready, an error saying what to fix, the batch in
+    /// flight dropped (nothing of it was committed) and every partition read again from its
+    /// table position once the storage answers — no record is committed or dead-lettered past it.
     async fn run(&mut self, paused: &AtomicBool, shutdown: &Shutdown) -> Result<(), DeltaArchiverError> {
+        let mut refused: u32 = 0;
+        loop {
+            let Err(error) = self.archive(paused, shutdown).await else {
+                return Ok(());
+            };
+            let Some(message) = error.storage_access_refused() else {
+                return Err(error);
+            };
+            let delay = outage_delay(refused);
+            refused = refused.saturating_add(1);
+            self.health.set_ready(false);
+            self.outage = true;
+            tracing::error!(root = %self.config.delta_root, %message, hint = error::STORAGE_ACCESS_HINT, retry_in_ms = delay.as_millis() as u64, "the storage refuses access: nothing is committed or dead-lettered until it is fixed");
+            let owned: Vec<TopicPartition> = self.partitions.keys().cloned().collect();
+            for key in owned {
+                if let Some(progress) = self.partitions.remove(&key) {
+                    self.forget_batch_share(&progress);
+                }
+                self.to_start.push(key);
+            }
+            tokio::select! {
+                () = tokio::time::sleep(delay) => {}
+                () = shutdown.triggered() => return Ok(()),
+            }
+        }
+    }
+
+    /// A commit or a partition start succeeded: an access outage, if any, is over.
+    fn storage_answers(&mut self) {
+        if self.outage {
+            self.outage = false;
+            self.health.set_ready(true);
+            tracing::info!("the storage accepts the credentials again; archiving");
+        }
+    }
+
+    async fn archive(&mut self, paused: &AtomicBool, shutdown: &Shutdown) -> Result<(), DeltaArchiverError> {
         let thresholds = self.config.batch.thresholds();
         loop {
             self.handle_rebalances();
@@ -504,6 +581,9 @@ impl Archiver<'_> {
             self.start_and_seek(table, &key).await?;
             started.push(key);
         }
+        if !started.is_empty() {
+            self.storage_answers();
+        }
         Ok(started)
     }
 
@@ -560,17 +640,41 @@ impl Archiver<'_> {
             partition,
             offset,
         };
+        let app_id = progress.app_id.clone();
         match table.decode(position, message.payload().unwrap_or_default()) {
             Ok(row) => {
-                if progress.window.observe(offset, &row.identity) {
+                let mut decision = progress.applied.decide(&row.origin);
+                if decision == Decision::Unknown {
+                    // The first record of this origin since the partition started: read the
+                    // origin's applied position from the table (one txn look-up).
+                    let origin_id = applied::origin_app_id(&app_id, &row.origin.source);
+                    let stored = self.tables.stored_version(table, &origin_id).await?;
+                    tracing::debug!(table = table.name(), topic = %topic, partition, source = %row.origin.source, ?stored, "origin position read from the table");
+                    let Some(progress) = self.partitions.get_mut(&key) else {
+                        return Ok(());
+                    };
+                    progress.applied.load(&row.origin.source, stored);
+                    decision = progress.applied.decide(&row.origin);
+                }
+                let Some(progress) = self.partitions.get_mut(&key) else {
+                    return Ok(());
+                };
+                if decision == Decision::Apply {
                     self.batch_bytes += row.weight();
                     progress.rows.push(row);
                 } else {
                     self.metrics.duplicates.with_label_values(&[table.name()]).inc();
                 }
             }
-            Err(reason) => progress.dead.push((message, reason)),
+            Err(reason) => {
+                if let Some(progress) = self.partitions.get_mut(&key) {
+                    progress.dead.push((message, reason));
+                }
+            }
         }
+        let Some(progress) = self.partitions.get_mut(&key) else {
+            return Ok(());
+        };
         progress.last = Some(offset);
         progress.next = offset + 1;
         self.batch_records += 1;
@@ -580,7 +684,8 @@ impl Archiver<'_> {
         Ok(())
     }
 
-    /// Reads a partition's stored position and warms its identity window up.
+    /// Reads a partition's stored position (origins' positions are read when their first record
+    /// arrives).
     async fn start_partition(
         &mut self,
         table: Table,
@@ -588,13 +693,7 @@ impl Archiver<'_> {
         partition: i32,
     ) -> Result<PartitionProgress, DeltaArchiverError> {
         let app_id = progress::app_id(table.name(), topic, partition);
-        let committed = self
-            .tables
-            .stored_versions(table, std::slice::from_ref(&app_id))
-            .await?
-            .into_iter()
-            .next()
-            .flatten();
+        let committed = self.tables.stored_version(table, &app_id).await?;
         let low = tokio::task::block_in_place(|| {
             self.watermarks
                 .fetch_watermarks(topic, partition, Duration::from_secs(10))
@@ -602,13 +701,6 @@ impl Archiver<'_> {
         })
         .map_err(|error| DeltaArchiverError::Broker(format!("watermarks of {topic}/{partition}: {error}")))?;
         let next = progress::resume_at(committed, low);
-        let mut window = RecentIdentities::new(self.config.dedup.window_offsets);
-        let from = window.warm_up_from(next, low);
-        let warmed = if from < next {
-            self.warm_up(table, topic, partition, from, next, &mut window)?
-        } else {
-            0
-        };
         if let Ok(mut positions) = self.positions.lock() {
             positions.insert((topic.to_owned(), partition), next);
         }
@@ -618,7 +710,6 @@ impl Archiver<'_> {
             partition,
             ?committed,
             next,
-            warmed,
             "partition position read from the table"
         );
         Ok(PartitionProgress {
@@ -627,68 +718,10 @@ impl Archiver<'_> {
             committed,
             next,
             sought: false,
-            window,
+            applied: AppliedPositions::default(),
             rows: Vec::new(),
             dead: Vec::new(),
             last: None,
-        })
-    }
-
-    /// Replays `[from, until)` of a partition into the identity window (answers ignored).
-    fn warm_up(
-        &self,
-        table: Table,
-        topic: &str,
-        partition: i32,
-        from: i64,
-        until: i64,
-        window: &mut RecentIdentities,
-    ) -> Result<u64, DeltaArchiverError> {
-        let broker = |error: rdkafka::error::KafkaError| {
-            DeltaArchiverError::Broker(format!("warm-up of {topic}/{partition}: {error}"))
-        };
-        let mut client = self.config.kafka.client_config("delta-archiver-warmup")?;
-        client
-            .set("group.id", format!("{}-warmup", self.config.group.id))
-            .set("enable.auto.commit", "false")
-            // Not end-of-partition events: the local broker's high watermarks can lag behind the
-            // records it serves; the replay ends at `until`, which is known to exist.
-            .set("enable.partition.eof", "false");
-        let reader: BaseConsumer = client.create().map_err(broker)?;
-        let mut assignment = TopicPartitionList::new();
-        assignment
-            .add_partition_offset(topic, partition, Offset::Offset(from))
-            .map_err(broker)?;
-        reader.assign(&assignment).map_err(broker)?;
-        let mut replayed = 0u64;
-        let deadline = Instant::now() + Duration::from_secs(120);
-        tokio::task::block_in_place(|| {
-            while Instant::now() < deadline {
-                match reader.poll(Duration::from_millis(500)) {
-                    Some(Ok(message)) => {
-                        if message.offset() >= until {
-                            return Ok(replayed);
-                        }
-                        let position = KafkaPosition {
-                            topic: Arc::from(topic),
-                            partition,
-                            offset: message.offset(),
-                        };
-                        if let Ok(row) = table.decode(position, message.payload().unwrap_or_default()) {
-                            window.observe(message.offset(), &row.identity);
-                        }
-                        replayed += 1;
-                        if message.offset() + 1 >= until {
-                            return Ok(replayed);
-                        }
-                    }
-                    Some(Err(error)) => return Err(broker(error)),
-                    None => {}
-                }
-            }
-            Err(DeltaArchiverError::Broker(format!(
-                "warm-up of {topic}/{partition} did not reach offset {until} within 120 s"
-            )))
         })
     }
 
@@ -702,17 +735,22 @@ impl Archiver<'_> {
         }
         for (table, keys) in by_table {
             self.send_dead_letters(table, &keys).await?;
-            let txns: Vec<TxnUpdate> = keys
-                .iter()
-                .filter_map(|key| self.partitions.get(key))
-                .filter_map(|progress| {
-                    progress.last.map(|last| TxnUpdate {
-                        app_id: progress.app_id.clone(),
-                        expected: progress.committed,
-                        version: last,
-                    })
-                })
-                .collect();
+            let mut txns: Vec<TxnUpdate> = Vec::new();
+            for progress in keys.iter().filter_map(|key| self.partitions.get(key)) {
+                let Some(last) = progress.last else {
+                    continue;
+                };
+                txns.push(TxnUpdate {
+                    app_id: progress.app_id.clone(),
+                    expected: Some(progress.committed),
+                    version: last,
+                });
+                txns.extend(progress.applied.pending().map(|(source, position)| TxnUpdate {
+                    app_id: applied::origin_app_id(&progress.app_id, source),
+                    expected: None,
+                    version: position,
+                }));
+            }
             let rows: Vec<&Row> = keys
                 .iter()
                 .filter_map(|key| self.partitions.get(key))
@@ -722,6 +760,7 @@ impl Archiver<'_> {
             let outcome = self.tables.commit(table, &rows, &txns, self.metrics).await?;
             match outcome {
                 CommitOutcome::Committed { version, files, .. } => {
+                    self.storage_answers();
                     self.metrics
                         .rows
                         .with_label_values(&[table.name()])
@@ -740,6 +779,7 @@ impl Archiver<'_> {
                             && let Some(last) = progress.last.take()
                         {
                             progress.committed = Some(last);
+                            progress.applied.committed();
                             progress.rows.clear();
                             progress.dead.clear();
                             let _ = offsets.add_partition_offset(&key.0, key.1, Offset::Offset(last + 1));
@@ -820,7 +860,7 @@ impl Archiver<'_> {
         for (message, reason) in letters {
             self.metrics.dead_letters.with_label_values(&[table.name()]).inc();
             tracing::warn!(table = table.name(), topic = message.topic(), partition = message.partition(), offset = message.offset(), %reason, "record to the dead-letter topic");
-            let letter = DeadLetter {
+            let mut letter = DeadLetter {
                 stage: "delta-archiver".to_owned(),
                 reason,
                 errors: Vec::new(),
@@ -834,9 +874,11 @@ impl Archiver<'_> {
                     partition: message.partition(),
                     offset: message.offset(),
                 }),
+                ..DeadLetter::default()
             };
-            let payload = letter.encode_to_vec();
             let key = message.key().unwrap_or_default().to_vec();
+            contrail_common::dead_letter::fit(&mut letter, key.len(), self.config.kafka.max_message_bytes());
+            let payload = letter.encode_to_vec();
             let record = FutureRecord::to(&self.config.topics.dlq)
                 .key(&key)
                 .payload(&payload);

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use chrono::{DateTime, NaiveDate};
-use contrail_proto::v1::{EventType, FlightState, OperationalEvent, ServingChange};
+use contrail_proto::v1::{EventType, FlightState, OperationalEvent, ServingChange, SourcePosition};
 use deltalake::arrow::array::{
     ArrayRef, BinaryBuilder, Date32Builder, Int32Builder, Int64Builder, ListBuilder, StringBuilder,
     TimestampMicrosecondBuilder,
@@ -17,6 +17,8 @@ use deltalake::arrow::datatypes::Schema as ArrowSchema;
 use deltalake::arrow::record_batch::RecordBatch;
 use deltalake::kernel::{ArrayType, DataType, StructField};
 use prost::Message as _;
+
+use crate::applied::{Origin, short_source};
 
 /// One of the history tables.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -68,12 +70,17 @@ impl Table {
         }
     }
 
-    fn columns(self) -> &'static [(&'static str, Kind, bool)] {
-        match self {
-            Table::Events | Table::LateEvents => EVENT_COLUMNS,
-            Table::FlightStates => STATE_COLUMNS,
-            Table::ServingChanges => CHANGE_COLUMNS,
-        }
+    fn columns(self) -> Vec<(&'static str, Kind, bool)> {
+        let data: &[&[(&str, Kind, bool)]] = match self {
+            Table::Events => &[EVENT_COLUMNS],
+            Table::LateEvents => &[EVENT_COLUMNS, LATE_COLUMNS],
+            Table::FlightStates => &[STATE_COLUMNS],
+            Table::ServingChanges => &[CHANGE_COLUMNS],
+        };
+        data.iter()
+            .chain([&POSITION_COLUMNS])
+            .flat_map(|columns| columns.iter().copied())
+            .collect()
     }
 
     /// The columns Delta keeps statistics for: the scalar data columns (not the binary record, a
@@ -107,20 +114,22 @@ impl Table {
                 let flight = event.flight.clone().unwrap_or_default();
                 let date = parse_date(&flight.service_date)
                     .map_err(|error| format!("event {:?}: flight.service_date {error}", event.event_id))?;
-                let identity = match (self, &event.input) {
-                    // A late event is not de-duplicated upstream: each raw record is one late row,
-                    // and a redelivered copy carries the same raw position.
-                    (Table::LateEvents, Some(input)) => {
-                        format!("{}/{}/{}", input.topic, input.partition, input.offset)
-                    }
-                    _ => event.event_id.clone(),
+                let origin = input_origin(event.input.as_ref()).ok_or_else(|| {
+                    format!(
+                        "event {:?} of {:?} carries no input position (dedup-state sets one): it cannot be archived exactly once",
+                        event.event_id, event.flight_key
+                    )
+                })?;
+                let body = match self {
+                    Table::LateEvents => Body::Late(Box::new(event)),
+                    _ => Body::Event(Box::new(event)),
                 };
                 Ok(Row {
-                    identity,
+                    origin,
                     date,
                     position,
                     record: payload.to_vec(),
-                    body: Body::Event(Box::new(event)),
+                    body,
                 })
             }
             Table::FlightStates => {
@@ -134,8 +143,14 @@ impl Table {
                 }
                 let date = parse_date(&state.service_date)
                     .map_err(|error| format!("flight state {}: service_date {error}", state.flight_key))?;
+                let origin = input_origin(state.input.as_ref()).ok_or_else(|| {
+                    format!(
+                        "flight state {} version {} carries no input position (dedup-state sets one): it cannot be archived exactly once",
+                        state.flight_key, state.version
+                    )
+                })?;
                 Ok(Row {
-                    identity: format!("{}#{}", state.flight_key, state.version),
+                    origin,
                     date,
                     position,
                     record: payload.to_vec(),
@@ -154,8 +169,19 @@ impl Table {
                 let version = serde_json::from_str::<serde_json::Value>(&change.document_json)
                     .ok()
                     .and_then(|document| document.get("version").and_then(|v| v.as_i64()));
+                if change.lsn <= 0 {
+                    return Err(format!(
+                        "change of {:?} without _lsn ({}): it cannot be archived exactly once",
+                        change.id, change.lsn
+                    ));
+                }
+                // `_lsn` grows within a feed range, which changefeed-sync reads in order.
+                let origin = Origin {
+                    source: short_source("feed-range", &change.feed_range),
+                    position: change.lsn,
+                };
                 Ok(Row {
-                    identity: format!("{}#{}", change.id, change.lsn),
+                    origin,
                     date,
                     position,
                     record: payload.to_vec(),
@@ -180,8 +206,9 @@ pub struct KafkaPosition {
 /// A decoded record, ready to be a row of its table.
 #[derive(Debug, Clone)]
 pub struct Row {
-    /// What makes a redelivered copy recognisable (see [`crate::window`]).
-    pub identity: String,
+    /// Where it comes from and its place there: what makes a copy recognisable (see
+    /// [`crate::applied`]).
+    pub origin: Origin,
     /// The partition date, days since 1970-01-01.
     pub date: i32,
     /// The Kafka position.
@@ -194,8 +221,22 @@ pub struct Row {
 #[derive(Debug, Clone)]
 enum Body {
     Event(Box<OperationalEvent>),
+    Late(Box<OperationalEvent>),
     State(Box<FlightState>),
     Change(Box<ServingChange>, Option<i64>),
+}
+
+/// The origin of a dedup-state output: the raw-topic partition and offset of the input record
+/// that produced it (each input record yields at most one record per output topic).
+fn input_origin(input: Option<&SourcePosition>) -> Option<Origin> {
+    let input = input?;
+    if input.topic.is_empty() || input.offset < 0 {
+        return None;
+    }
+    Some(Origin {
+        source: format!("{}:{}", input.topic, input.partition),
+        position: input.offset,
+    })
 }
 
 fn parse_date(text: &str) -> Result<i32, String> {
@@ -236,6 +277,18 @@ impl Kind {
 
 use Kind::{Binary, Date, Int, Long, Str, StrList, Timestamp};
 
+/// Where every row was read from and the record as it was on the wire: the last columns of every
+/// table.
+const POSITION_COLUMNS: &[(&str, Kind, bool)] = &[
+    ("kafka_topic", Str, false),
+    ("kafka_partition", Int, false),
+    ("kafka_offset", Long, false),
+    ("record", Binary, false),
+];
+
+/// What `late_events` adds to the event columns: why the event was not applied.
+const LATE_COLUMNS: &[(&str, Kind, bool)] = &[("late_reason", Str, true)];
+
 const EVENT_COLUMNS: &[(&str, Kind, bool)] = &[
     ("event_id", Str, false),
     ("source", Str, true),
@@ -262,10 +315,6 @@ const EVENT_COLUMNS: &[(&str, Kind, bool)] = &[
     ("ingested_at", Timestamp, true),
     ("input_partition", Int, true),
     ("input_offset", Long, true),
-    ("kafka_topic", Str, false),
-    ("kafka_partition", Int, false),
-    ("kafka_offset", Long, false),
-    ("record", Binary, false),
 ];
 
 const STATE_COLUMNS: &[(&str, Kind, bool)] = &[
@@ -296,10 +345,6 @@ const STATE_COLUMNS: &[(&str, Kind, bool)] = &[
     ("updated_at", Timestamp, true),
     ("input_partition", Int, true),
     ("input_offset", Long, true),
-    ("kafka_topic", Str, false),
-    ("kafka_partition", Int, false),
-    ("kafka_offset", Long, false),
-    ("record", Binary, false),
 ];
 
 const CHANGE_COLUMNS: &[(&str, Kind, bool)] = &[
@@ -311,10 +356,6 @@ const CHANGE_COLUMNS: &[(&str, Kind, bool)] = &[
     ("change_date", Date, false),
     ("feed_range", Str, true),
     ("document_json", Str, true),
-    ("kafka_topic", Str, false),
-    ("kafka_partition", Int, false),
-    ("kafka_offset", Long, false),
-    ("record", Binary, false),
 ];
 
 /// A column's values, in the order rows are appended.
@@ -476,6 +517,11 @@ impl Row {
     fn cells(&self) -> Vec<Cell<'_>> {
         let mut cells = match &self.body {
             Body::Event(event) => event_cells(self, event),
+            Body::Late(event) => {
+                let mut cells = event_cells(self, event);
+                cells.push(Cell::Str(non_empty(&event.late_reason)));
+                cells
+            }
             Body::State(state) => state_cells(self, state),
             Body::Change(change, version) => change_cells(self, change, *version),
         };
@@ -490,7 +536,7 @@ impl Row {
 
     /// Approximate bytes the row holds (for the `batch.max_bytes` threshold).
     pub fn weight(&self) -> usize {
-        self.record.len() * 2 + self.identity.len() + 64
+        self.record.len() * 2 + self.origin.source.len() + 64
     }
 }
 
@@ -545,7 +591,7 @@ pub fn record_batch(table: Table, schema: Arc<ArrowSchema>, rows: &[&Row]) -> Re
 #[cfg(test)]
 mod tests {
     use super::*;
-    use contrail_proto::v1::{EventData, FlightRef, SourcePosition};
+    use contrail_proto::v1::{EventData, FlightRef};
     use deltalake::arrow::array::{Array, AsArray};
     use deltalake::arrow::datatypes::{DataType as ArrowType, Field, TimeUnit};
 
@@ -607,7 +653,14 @@ mod tests {
     fn an_event_becomes_a_typed_row() {
         let payload = event().encode_to_vec();
         let row = Table::Events.decode(position(7), &payload).expect("decodes");
-        assert_eq!(row.identity, "aodb-1");
+        assert_eq!(
+            row.origin,
+            Origin {
+                source: "ops.events.raw:1".to_owned(),
+                position: 99
+            },
+            "the raw position of the input record that produced it"
+        );
         assert_eq!(row.date, 15706, "2013-01-01 is day 15706");
         let batch = record_batch(Table::Events, arrow_schema(Table::Events), &[&row]).expect("batch");
         assert_eq!(batch.num_rows(), 1);
@@ -625,25 +678,46 @@ mod tests {
     }
 
     #[test]
-    fn a_late_event_is_identified_by_its_raw_position() {
-        let payload = event().encode_to_vec();
+    fn a_late_event_comes_from_its_raw_position_and_keeps_its_reason() {
+        let mut late = event();
+        late.late_reason = "expired".to_owned();
+        let payload = late.encode_to_vec();
         let row = Table::LateEvents.decode(position(1), &payload).expect("decodes");
-        assert_eq!(row.identity, "ops.events.raw/1/99");
+        assert_eq!(row.origin.source, "ops.events.raw:1");
+        assert_eq!(row.origin.position, 99);
+        let batch = record_batch(Table::LateEvents, arrow_schema(Table::LateEvents), &[&row]).expect("batch");
+        let reason = batch.column_by_name("late_reason").expect("late_reason").clone();
+        assert_eq!(reason.as_string::<i32>().value(0), "expired");
+        let events = Table::Events.delta_columns();
+        assert!(
+            events.iter().all(|field| field.name() != "late_reason"),
+            "only late_events has the column"
+        );
     }
 
     #[test]
-    fn states_and_changes_are_identified_by_version_and_lsn() {
-        let state = FlightState {
+    fn states_come_from_their_input_and_changes_from_their_feed_range_and_lsn() {
+        let mut state = FlightState {
             flight_key: "UA1545-2013-01-01-EWR".to_owned(),
             service_date: "2013-01-01".to_owned(),
             version: 3,
             delay_codes: vec!["93".to_owned(), "81".to_owned()],
             ..FlightState::default()
         };
+        let error = Table::FlightStates
+            .decode(position(0), &state.encode_to_vec())
+            .expect_err("no input position");
+        assert!(error.contains("carries no input position"), "{error}");
+        state.input = Some(SourcePosition {
+            topic: "ops.events.raw".to_owned(),
+            partition: 2,
+            offset: 17,
+        });
         let row = Table::FlightStates
             .decode(position(0), &state.encode_to_vec())
             .expect("state");
-        assert_eq!(row.identity, "UA1545-2013-01-01-EWR#3");
+        assert_eq!(row.origin.source, "ops.events.raw:2");
+        assert_eq!(row.origin.position, 17);
         let batch =
             record_batch(Table::FlightStates, arrow_schema(Table::FlightStates), &[&row]).expect("batch");
         let codes = batch
@@ -660,11 +734,13 @@ mod tests {
             ts: 1_357_000_000,
             document_json: r#"{"id":"UA1545-2013-01-01-EWR","version":3}"#.to_owned(),
             feed_range: "0".to_owned(),
+            ..ServingChange::default()
         };
         let row = Table::ServingChanges
             .decode(position(0), &change.encode_to_vec())
             .expect("change");
-        assert_eq!(row.identity, "UA1545-2013-01-01-EWR#42");
+        assert_eq!(row.origin.position, 42);
+        assert_eq!(row.origin.source, short_source("feed-range", "0"));
         let batch = record_batch(
             Table::ServingChanges,
             arrow_schema(Table::ServingChanges),

@@ -43,11 +43,13 @@ pub fn root_url(root: &str) -> Result<Url, DeltaArchiverError> {
 /// version (last offset) to store.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TxnUpdate {
-    /// `<table>-<topic>-<partition>`.
+    /// `<table>-<topic>-<partition>`, or an origin's `…-from-<source>` (see [`crate::applied`]).
     pub app_id: String,
-    /// What the table must still hold (what this instance resumed from or last committed).
-    pub expected: Option<i64>,
-    /// The last offset this commit covers.
+    /// What the table must still hold (what this instance resumed from or last committed);
+    /// `None` for an origin's position, which is not fenced on its own: the partition's own app id
+    /// in the same commit is, and Delta refuses a commit racing another on any of its app ids.
+    pub expected: Option<Option<i64>>,
+    /// The last offset this commit covers, or the origin's highest applied position.
     pub version: i64,
 }
 
@@ -142,6 +144,20 @@ impl Tables {
         Ok(versions)
     }
 
+    /// The version stored for one app id (`None`: never committed).
+    pub async fn stored_version(
+        &mut self,
+        table: Table,
+        app_id: &str,
+    ) -> Result<Option<i64>, DeltaArchiverError> {
+        Ok(self
+            .stored_versions(table, &[app_id.to_owned()])
+            .await?
+            .into_iter()
+            .next()
+            .flatten())
+    }
+
     /// Writes `rows` as Parquet files and commits them with `txns`, unless the fence fails for
     /// any of them (then nothing is written).
     pub async fn commit(
@@ -154,11 +170,13 @@ impl Tables {
         let started = Instant::now();
         let app_ids: Vec<String> = txns.iter().map(|txn| txn.app_id.clone()).collect();
         // The fence: read the newest snapshot and check every partition's stored version.
-        let stored = self.stored_versions(table, &app_ids).await?;
-        let fenced: Vec<String> = txns
+        let fenced_txns: Vec<&TxnUpdate> = txns.iter().filter(|txn| txn.expected.is_some()).collect();
+        let fenced_ids: Vec<String> = fenced_txns.iter().map(|txn| txn.app_id.clone()).collect();
+        let stored = self.stored_versions(table, &fenced_ids).await?;
+        let fenced: Vec<String> = fenced_txns
             .iter()
             .zip(&stored)
-            .filter(|(txn, stored)| !fence_holds(txn.expected, **stored))
+            .filter(|(txn, stored)| !fence_holds(txn.expected.flatten(), **stored))
             .map(|(txn, stored)| {
                 tracing::warn!(table = table.name(), app_id = %txn.app_id, expected = ?txn.expected, ?stored, "zombie fence: another instance committed for this partition");
                 txn.app_id.clone()
@@ -364,6 +382,7 @@ mod tests {
                     ts: 1_357_000_000,
                     document_json: "{\"version\":1}".to_owned(),
                     feed_range: "0".to_owned(),
+                    ..ServingChange::default()
                 };
                 let position = KafkaPosition {
                     topic: Arc::from("changes"),
@@ -380,7 +399,7 @@ mod tests {
     fn txn(expected: Option<i64>, version: i64) -> TxnUpdate {
         TxnUpdate {
             app_id: "serving_changes-changes-0".to_owned(),
-            expected,
+            expected: Some(expected),
             version,
         }
     }

@@ -184,6 +184,7 @@ fn fast_event(record: &FastRecord<'_>, limits: &Limits, ingested_at_us: i64) -> 
         extra_json: String::new(),
         ingested_at_us,
         input: None,
+        late_reason: String::new(),
     })
 }
 

@@ -221,6 +221,7 @@ pub fn validate_record(
         },
         ingested_at_us,
         input: None,
+        late_reason: String::new(),
     })
 }
 

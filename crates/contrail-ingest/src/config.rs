@@ -21,8 +21,11 @@ pub struct IngestConfig {
     pub kafka: KafkaConfig,
     /// Topic names.
     pub topics: TopicsConfig,
-    /// Authentication of the ingest and admin APIs.
+    /// Authentication of the ingest API (`/v1/*`, `IngestService`): the tokens of data producers.
     pub auth: AuthConfig,
+    /// Authentication of the admin API (pause, resume, drain, status): the tokens of operators,
+    /// so a data producer cannot drain or pause ingest. Unset: the `auth` tokens.
+    pub admin_auth: Option<AuthConfig>,
     /// Size and capacity limits.
     pub limits: LimitsConfig,
     /// Where pull sources keep their cursors.
@@ -42,6 +45,7 @@ impl Default for IngestConfig {
             kafka: KafkaConfig::default(),
             topics: TopicsConfig::default(),
             auth: AuthConfig::default(),
+            admin_auth: None,
             limits: LimitsConfig::default(),
             cursor_dir: PathBuf::from("./data/ingest/cursors"),
             source_concurrency: 16,
@@ -77,6 +81,9 @@ impl Default for TopicsConfig {
 
 pub use contrail_common::auth::AuthConfig;
 
+/// Room the stages after ingest need besides a record's own bytes (positions, reasons, keys).
+pub const RECORD_HEADROOM_BYTES: usize = 64 * 1024;
+
 /// Limits that keep memory bounded.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -92,6 +99,11 @@ pub struct LimitsConfig {
     pub produce_timeout_ms: u64,
     /// librdkafka `message.timeout.ms`: how long the producer keeps retrying one record.
     pub delivery_timeout_ms: u64,
+    /// Largest record, in bytes as received (JSON, or protobuf over gRPC): a larger one is
+    /// rejected (`400` naming it) and dead-lettered with its first bytes. At least 64 KiB below
+    /// the broker's message limit (`kafka.properties."message.max.bytes"`, 1,000,000 by default),
+    /// so every stage after ingest can write what it derives from the record.
+    pub max_record_bytes: usize,
 }
 
 impl Default for LimitsConfig {
@@ -102,6 +114,7 @@ impl Default for LimitsConfig {
             max_in_flight_records: 200_000,
             produce_timeout_ms: 10_000,
             delivery_timeout_ms: 120_000,
+            max_record_bytes: 512 * 1024,
         }
     }
 }
@@ -209,6 +222,15 @@ impl IngestConfig {
             return Err(format!(
                 "limits.max_records_per_request ({}) must not exceed limits.max_in_flight_records ({})",
                 limits.max_records_per_request, limits.max_in_flight_records
+            ));
+        }
+        let message_limit = self.kafka.max_message_bytes();
+        if limits.max_record_bytes == 0 || limits.max_record_bytes + RECORD_HEADROOM_BYTES > message_limit {
+            return Err(format!(
+                "limits.max_record_bytes = {}: must be between 1 and {} (the broker's message limit \
+                 {message_limit} less {RECORD_HEADROOM_BYTES} bytes for what later stages add to a record)",
+                limits.max_record_bytes,
+                message_limit.saturating_sub(RECORD_HEADROOM_BYTES)
             ));
         }
         if self.source_concurrency == 0 {

