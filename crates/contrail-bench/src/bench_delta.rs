@@ -25,9 +25,10 @@ use clap::Parser;
 use common::{counter, histogram_quantile, percentile};
 use contrail_delta_archiver::DeltaArchiverConfig;
 use contrail_delta_archiver::metrics::ArchiverMetrics;
-use contrail_delta_archiver::schema::{KafkaPosition, Row, Table};
+use contrail_delta_archiver::row::{KafkaPosition, Row, decode};
 use contrail_delta_archiver::table::{CommitOutcome, Tables, TxnUpdate};
 use contrail_flightdata::ReplayConfig;
+use contrail_history::Table;
 use contrail_integration_tests::cosmos::CosmosStage;
 use contrail_integration_tests::dedup::replay_events;
 use contrail_integration_tests::delta::{HistoryStream, produce_with_redeliveries, topic_ends};
@@ -93,7 +94,7 @@ fn baseline(stream: &HistoryStream, root: &std::path::Path, max_rows: usize) -> 
                             partition: 0,
                             offset: (start + index) as i64,
                         };
-                        table.decode(position, payload).ok()
+                        decode(table, position, payload).ok()
                     })
                     .collect();
                 let refs: Vec<&Row> = rows.iter().collect();

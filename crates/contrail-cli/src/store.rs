@@ -5,11 +5,11 @@ use std::collections::HashMap;
 
 use anyhow::{Context, Result};
 use chrono::NaiveDate;
-use contrail_delta_archiver::reader::{Scan, scan};
-use contrail_delta_archiver::schema::Table;
-use deltalake::arrow::array::{Array, AsArray, BinaryArray, Int32Array, Int64Array, StringArray};
-use deltalake::arrow::datatypes::DataType;
-use deltalake::arrow::record_batch::RecordBatch;
+use contrail_history::Table;
+use contrail_history::arrow::array::{Array, AsArray, BinaryArray, Int32Array, Int64Array, StringArray};
+use contrail_history::arrow::datatypes::DataType;
+use contrail_history::arrow::record_batch::RecordBatch;
+use contrail_history::reader::{Scan, scan};
 use futures::StreamExt as _;
 use prost::Message as _;
 use serde_json::Value;

@@ -1,5 +1,7 @@
 //! The admin API (`contrail.admin.v1.AdminService`) of a streaming stage that has no checkpoints
-//! and no per-key state of its own (cosmos-writer, changefeed-sync): status from the stage,
+//! and no per-key state of its own. Its users: cosmos-writer, changefeed-sync and delta-archiver
+//! (whose progress lives in the Delta tables). ingest and dedup-state serve their own admin
+//! services (sources; shards, checkpoints and key state). Status comes from the stage,
 //! pause/resume through a shared flag, drain through the shutdown; the checkpoint and key-state
 //! calls answer `UNIMPLEMENTED` with the stage's reason.
 

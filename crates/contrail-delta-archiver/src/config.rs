@@ -10,7 +10,7 @@ use contrail_common::telemetry::TelemetryConfig;
 use serde::{Deserialize, Serialize};
 
 use crate::progress::Thresholds;
-use crate::schema::Table;
+use contrail_history::Table;
 
 /// Everything the delta-archiver stage can be told.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

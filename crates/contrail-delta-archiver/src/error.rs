@@ -84,6 +84,19 @@ impl DeltaArchiverError {
     }
 }
 
+impl From<contrail_history::HistoryError> for DeltaArchiverError {
+    fn from(error: contrail_history::HistoryError) -> Self {
+        match error {
+            contrail_history::HistoryError::Location { root, reason } => {
+                DeltaArchiverError::Location { root, reason }
+            }
+            contrail_history::HistoryError::Delta { table, source } => {
+                DeltaArchiverError::Delta { table, source }
+            }
+        }
+    }
+}
+
 impl contrail_common::stage::StageError for DeltaArchiverError {
     fn is_retryable(&self) -> bool {
         DeltaArchiverError::is_retryable(self)

@@ -34,8 +34,7 @@ pub mod error;
 pub mod maintenance;
 pub mod metrics;
 pub mod progress;
-pub mod reader;
-pub mod schema;
+pub mod row;
 pub mod table;
 
 use std::collections::{BTreeMap, HashMap};
@@ -61,8 +60,9 @@ pub use error::DeltaArchiverError;
 use crate::applied::{AppliedPositions, Decision};
 use crate::metrics::ArchiverMetrics;
 use crate::progress::{FlushReason, Placement};
-use crate::schema::{KafkaPosition, Row, Table};
+use crate::row::{KafkaPosition, Row};
 use crate::table::{CommitOutcome, Tables, TxnUpdate};
+use contrail_history::Table;
 
 /// A `(topic, partition)`.
 type TopicPartition = (Arc<str>, i32);
@@ -641,7 +641,7 @@ impl Archiver<'_> {
             offset,
         };
         let app_id = progress.app_id.clone();
-        match table.decode(position, message.payload().unwrap_or_default()) {
+        match row::decode(table, position, message.payload().unwrap_or_default()) {
             Ok(row) => {
                 let mut decision = progress.applied.decide(&row.origin);
                 if decision == Decision::Unknown {

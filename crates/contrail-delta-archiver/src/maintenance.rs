@@ -28,8 +28,8 @@ use futures::TryStreamExt as _;
 use crate::config::{DeltaConfig, MaintenanceConfig};
 use crate::error::DeltaArchiverError;
 use crate::metrics::ArchiverMetrics;
-use crate::schema::Table;
 use crate::table::Tables;
+use contrail_history::Table;
 
 /// What one maintenance run did to a table.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -2,7 +2,6 @@
 //! a batch of rows with its `txn` actions behind the zombie fence.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use deltalake::kernel::transaction::{CommitBuilder, CommitProperties};
@@ -16,28 +15,10 @@ use crate::config::DeltaArchiverConfig;
 use crate::error::DeltaArchiverError;
 use crate::metrics::ArchiverMetrics;
 use crate::progress::fence_holds;
-use crate::schema::{Row, Table, record_batch};
-
-/// The URL of the Delta root: a URL with a scheme, or a local directory (created if missing).
-pub fn root_url(root: &str) -> Result<Url, DeltaArchiverError> {
-    let invalid = |reason: String| DeltaArchiverError::Location {
-        root: root.to_owned(),
-        reason,
-    };
-    if root.contains("://") {
-        let mut url = Url::parse(root).map_err(|error| invalid(error.to_string()))?;
-        if !url.path().ends_with('/') {
-            url.set_path(&format!("{}/", url.path()));
-        }
-        return Ok(url);
-    }
-    let path = Path::new(root);
-    std::fs::create_dir_all(path).map_err(|error| invalid(format!("cannot create it: {error}")))?;
-    let absolute = path
-        .canonicalize()
-        .map_err(|error| invalid(format!("cannot resolve it: {error}")))?;
-    Url::from_directory_path(&absolute).map_err(|()| invalid("not an absolute path".to_owned()))
-}
+use crate::row::{Row, record_batch};
+use contrail_history::Table;
+pub use contrail_history::location::root_url;
+use contrail_history::location::table_url;
 
 /// One partition's part in a commit: its app id, the version the fence expects to find, and the
 /// version (last offset) to store.
@@ -268,15 +249,6 @@ fn is_concurrent_transaction(error: &DeltaTableError) -> bool {
     )
 }
 
-/// The URL of one table below the root.
-pub fn table_url(root: &Url, table: Table) -> Result<Url, DeltaArchiverError> {
-    root.join(&format!("{}/", table.name()))
-        .map_err(|error| DeltaArchiverError::Location {
-            root: root.to_string(),
-            reason: format!("table {}: {error}", table.name()),
-        })
-}
-
 async fn open_or_create(
     root: &Url,
     storage_options: &HashMap<String, String>,
@@ -355,13 +327,14 @@ async fn open_or_create(
 mod tests {
     //! Real Delta tables on disk: the zombie fence, both before writing and at the commit.
 
+    use std::path::Path;
     use std::sync::Arc;
 
     use contrail_proto::v1::ServingChange;
     use prost::Message as _;
 
     use super::*;
-    use crate::schema::KafkaPosition;
+    use crate::row::KafkaPosition;
 
     fn config(root: &Path, pause_ms: u64) -> DeltaArchiverConfig {
         let mut config = DeltaArchiverConfig {
@@ -389,9 +362,7 @@ mod tests {
                     partition: 0,
                     offset,
                 };
-                Table::ServingChanges
-                    .decode(position, &change.encode_to_vec())
-                    .expect("decodes")
+                crate::row::decode(Table::ServingChanges, position, &change.encode_to_vec()).expect("decodes")
             })
             .collect()
     }
@@ -420,7 +391,7 @@ mod tests {
             .await
             .expect("commit");
         let root_text = root.path().display().to_string();
-        let all = crate::reader::scan(
+        let all = contrail_history::reader::scan(
             &root_text,
             &HashMap::new(),
             Table::ServingChanges,
@@ -437,7 +408,7 @@ mod tests {
         // The rows' change date: epoch second 1_357_000_000 is 2013-01-01T00:26:40Z.
         let day = chrono::NaiveDate::from_ymd_opt(2013, 1, 1).expect("date");
         let other = chrono::NaiveDate::from_ymd_opt(2012, 12, 31).expect("date");
-        let of_day = crate::reader::scan(
+        let of_day = contrail_history::reader::scan(
             &root_text,
             &HashMap::new(),
             Table::ServingChanges,
@@ -447,7 +418,7 @@ mod tests {
         .await
         .expect("scan");
         assert_eq!(of_day.rows(), 25);
-        let of_other = crate::reader::scan(
+        let of_other = contrail_history::reader::scan(
             &root_text,
             &HashMap::new(),
             Table::ServingChanges,

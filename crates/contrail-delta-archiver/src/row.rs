@@ -1,9 +1,5 @@
-//! The four history tables (DESIGN §5): their Delta schemas, how a Kafka record becomes a row,
-//! and how rows become Arrow record batches.
-//!
-//! Every table has typed columns for every field the fold uses, the Kafka position the row was
-//! archived from (`kafka_topic`, `kafka_partition`, `kafka_offset`) and the full record as it was
-//! on the wire (`record`, protobuf bytes), so nothing is lost even for fields added later.
+//! How a Kafka record becomes a row of its history table (the tables' contract is
+//! `contrail_history::tables`), and how rows become Arrow record batches.
 
 use std::sync::Arc;
 
@@ -15,179 +11,98 @@ use deltalake::arrow::array::{
 };
 use deltalake::arrow::datatypes::Schema as ArrowSchema;
 use deltalake::arrow::record_batch::RecordBatch;
-use deltalake::kernel::{ArrayType, DataType, StructField};
 use prost::Message as _;
+
+use contrail_history::tables::{Kind, Table};
 
 use crate::applied::{Origin, short_source};
 
-/// One of the history tables.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Table {
-    /// `events`: one row per accepted event (from `ops.events.accepted`).
-    Events,
-    /// `flight_states`: one row per `(flight_key, version)` (from `ops.flights.curated`).
-    FlightStates,
-    /// `late_events`: events older than their flight's watermark (from `ops.events.late`).
-    LateEvents,
-    /// `serving_changes`: one row per `(id, _lsn)` of the Cosmos DB change feed
-    /// (from `ops.flights.changes`).
-    ServingChanges,
-}
-
-impl Table {
-    /// Every table.
-    pub const ALL: [Table; 4] = [
-        Table::Events,
-        Table::FlightStates,
-        Table::LateEvents,
-        Table::ServingChanges,
-    ];
-
-    /// The table's directory name under the Delta root.
-    pub fn name(self) -> &'static str {
-        match self {
-            Table::Events => "events",
-            Table::FlightStates => "flight_states",
-            Table::LateEvents => "late_events",
-            Table::ServingChanges => "serving_changes",
-        }
-    }
-
-    /// The partition column (a date).
-    pub fn partition_column(self) -> &'static str {
-        match self {
-            Table::ServingChanges => "change_date",
-            _ => "service_date",
-        }
-    }
-
-    /// The protobuf message its records carry.
-    pub fn message(self) -> &'static str {
-        match self {
-            Table::Events | Table::LateEvents => "contrail.v1.OperationalEvent",
-            Table::FlightStates => "contrail.v1.FlightState",
-            Table::ServingChanges => "contrail.v1.ServingChange",
-        }
-    }
-
-    fn columns(self) -> Vec<(&'static str, Kind, bool)> {
-        let data: &[&[(&str, Kind, bool)]] = match self {
-            Table::Events => &[EVENT_COLUMNS],
-            Table::LateEvents => &[EVENT_COLUMNS, LATE_COLUMNS],
-            Table::FlightStates => &[STATE_COLUMNS],
-            Table::ServingChanges => &[CHANGE_COLUMNS],
-        };
-        data.iter()
-            .chain([&POSITION_COLUMNS])
-            .flat_map(|columns| columns.iter().copied())
-            .collect()
-    }
-
-    /// The columns Delta keeps statistics for: the scalar data columns (not the binary record, a
-    /// list, or the partition column, whose value is in the log anyway).
-    pub fn stats_columns(self) -> Vec<&'static str> {
-        let partition = self.partition_column();
-        self.columns()
-            .iter()
-            .filter(|(name, kind, _)| !matches!(kind, Kind::Binary | Kind::StrList) && *name != partition)
-            .map(|(name, _, _)| *name)
-            .collect()
-    }
-
-    /// The Delta schema.
-    pub fn delta_columns(self) -> Vec<StructField> {
-        self.columns()
-            .iter()
-            .map(|(name, kind, nullable)| StructField::new(*name, kind.delta_type(), *nullable))
-            .collect()
-    }
-
-    /// Decodes a Kafka record into a row, or says why it cannot be archived (→ dead letter).
-    pub fn decode(self, position: KafkaPosition, payload: &[u8]) -> Result<Row, String> {
-        match self {
-            Table::Events | Table::LateEvents => {
-                let event = OperationalEvent::decode(payload)
-                    .map_err(|error| format!("not a {}: {error}", self.message()))?;
-                if event.event_id.is_empty() {
-                    return Err("OperationalEvent without event_id".to_owned());
-                }
-                let flight = event.flight.clone().unwrap_or_default();
-                let date = parse_date(&flight.service_date)
-                    .map_err(|error| format!("event {:?}: flight.service_date {error}", event.event_id))?;
-                let origin = input_origin(event.input.as_ref()).ok_or_else(|| {
-                    format!(
-                        "event {:?} of {:?} carries no input position (dedup-state sets one): it cannot be archived exactly once",
-                        event.event_id, event.flight_key
-                    )
-                })?;
-                let body = match self {
-                    Table::LateEvents => Body::Late(Box::new(event)),
-                    _ => Body::Event(Box::new(event)),
-                };
-                Ok(Row {
-                    origin,
-                    date,
-                    position,
-                    record: payload.to_vec(),
-                    body,
-                })
+/// Decodes a Kafka record of `table`'s topic into a row, or says why it cannot be archived
+/// (→ dead letter).
+pub fn decode(table: Table, position: KafkaPosition, payload: &[u8]) -> Result<Row, String> {
+    match table {
+        Table::Events | Table::LateEvents => {
+            let event = OperationalEvent::decode(payload)
+                .map_err(|error| format!("not a {}: {error}", table.message()))?;
+            if event.event_id.is_empty() {
+                return Err("OperationalEvent without event_id".to_owned());
             }
-            Table::FlightStates => {
-                let state = FlightState::decode(payload)
-                    .map_err(|error| format!("not a {}: {error}", self.message()))?;
-                if state.flight_key.is_empty() || state.version == 0 {
-                    return Err(format!(
-                        "FlightState without flight_key or version ({:?}, {})",
-                        state.flight_key, state.version
-                    ));
-                }
-                let date = parse_date(&state.service_date)
-                    .map_err(|error| format!("flight state {}: service_date {error}", state.flight_key))?;
-                let origin = input_origin(state.input.as_ref()).ok_or_else(|| {
-                    format!(
-                        "flight state {} version {} carries no input position (dedup-state sets one): it cannot be archived exactly once",
-                        state.flight_key, state.version
-                    )
-                })?;
-                Ok(Row {
-                    origin,
-                    date,
-                    position,
-                    record: payload.to_vec(),
-                    body: Body::State(Box::new(state)),
-                })
+            let flight = event.flight.clone().unwrap_or_default();
+            let date = parse_date(&flight.service_date)
+                .map_err(|error| format!("event {:?}: flight.service_date {error}", event.event_id))?;
+            let origin = input_origin(event.input.as_ref()).ok_or_else(|| {
+                format!(
+                    "event {:?} of {:?} carries no input position (dedup-state sets one): it cannot be archived exactly once",
+                    event.event_id, event.flight_key
+                )
+            })?;
+            let body = match table {
+                Table::LateEvents => Body::Late(Box::new(event)),
+                _ => Body::Event(Box::new(event)),
+            };
+            Ok(Row {
+                origin,
+                date,
+                position,
+                record: payload.to_vec(),
+                body,
+            })
+        }
+        Table::FlightStates => {
+            let state = FlightState::decode(payload)
+                .map_err(|error| format!("not a {}: {error}", table.message()))?;
+            if state.flight_key.is_empty() || state.version == 0 {
+                return Err(format!(
+                    "FlightState without flight_key or version ({:?}, {})",
+                    state.flight_key, state.version
+                ));
             }
-            Table::ServingChanges => {
-                let change = ServingChange::decode(payload)
-                    .map_err(|error| format!("not a {}: {error}", self.message()))?;
-                if change.id.is_empty() {
-                    return Err("ServingChange without id".to_owned());
-                }
-                let date = DateTime::from_timestamp(change.ts, 0)
-                    .map(|time| days_since_epoch(time.date_naive()))
-                    .ok_or_else(|| format!("change {:?}: ts {} out of range", change.id, change.ts))?;
-                let version = serde_json::from_str::<serde_json::Value>(&change.document_json)
-                    .ok()
-                    .and_then(|document| document.get("version").and_then(|v| v.as_i64()));
-                if change.lsn <= 0 {
-                    return Err(format!(
-                        "change of {:?} without _lsn ({}): it cannot be archived exactly once",
-                        change.id, change.lsn
-                    ));
-                }
-                // `_lsn` grows within a feed range, which changefeed-sync reads in order.
-                let origin = Origin {
-                    source: short_source("feed-range", &change.feed_range),
-                    position: change.lsn,
-                };
-                Ok(Row {
-                    origin,
-                    date,
-                    position,
-                    record: payload.to_vec(),
-                    body: Body::Change(Box::new(change), version),
-                })
+            let date = parse_date(&state.service_date)
+                .map_err(|error| format!("flight state {}: service_date {error}", state.flight_key))?;
+            let origin = input_origin(state.input.as_ref()).ok_or_else(|| {
+                format!(
+                    "flight state {} version {} carries no input position (dedup-state sets one): it cannot be archived exactly once",
+                    state.flight_key, state.version
+                )
+            })?;
+            Ok(Row {
+                origin,
+                date,
+                position,
+                record: payload.to_vec(),
+                body: Body::State(Box::new(state)),
+            })
+        }
+        Table::ServingChanges => {
+            let change = ServingChange::decode(payload)
+                .map_err(|error| format!("not a {}: {error}", table.message()))?;
+            if change.id.is_empty() {
+                return Err("ServingChange without id".to_owned());
             }
+            let date = DateTime::from_timestamp(change.ts, 0)
+                .map(|time| days_since_epoch(time.date_naive()))
+                .ok_or_else(|| format!("change {:?}: ts {} out of range", change.id, change.ts))?;
+            let version = serde_json::from_str::<serde_json::Value>(&change.document_json)
+                .ok()
+                .and_then(|document| document.get("version").and_then(|v| v.as_i64()));
+            if change.lsn <= 0 {
+                return Err(format!(
+                    "change of {:?} without _lsn ({}): it cannot be archived exactly once",
+                    change.id, change.lsn
+                ));
+            }
+            // `_lsn` grows within a feed range, which changefeed-sync reads in order.
+            let origin = Origin {
+                source: short_source("feed-range", &change.feed_range),
+                position: change.lsn,
+            };
+            Ok(Row {
+                origin,
+                date,
+                position,
+                record: payload.to_vec(),
+                body: Body::Change(Box::new(change), version),
+            })
         }
     }
 }
@@ -249,114 +164,6 @@ fn days_since_epoch(date: NaiveDate) -> i32 {
     let epoch = NaiveDate::from_ymd_opt(1970, 1, 1).unwrap_or_default();
     (date - epoch).num_days() as i32
 }
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    Str,
-    Long,
-    Int,
-    Date,
-    Timestamp,
-    Binary,
-    StrList,
-}
-
-impl Kind {
-    fn delta_type(self) -> DataType {
-        match self {
-            Kind::Str => DataType::STRING,
-            Kind::Long => DataType::LONG,
-            Kind::Int => DataType::INTEGER,
-            Kind::Date => DataType::DATE,
-            Kind::Timestamp => DataType::TIMESTAMP,
-            Kind::Binary => DataType::BINARY,
-            Kind::StrList => DataType::Array(Box::new(ArrayType::new(DataType::STRING, true))),
-        }
-    }
-}
-
-use Kind::{Binary, Date, Int, Long, Str, StrList, Timestamp};
-
-/// Where every row was read from and the record as it was on the wire: the last columns of every
-/// table.
-const POSITION_COLUMNS: &[(&str, Kind, bool)] = &[
-    ("kafka_topic", Str, false),
-    ("kafka_partition", Int, false),
-    ("kafka_offset", Long, false),
-    ("record", Binary, false),
-];
-
-/// What `late_events` adds to the event columns: why the event was not applied.
-const LATE_COLUMNS: &[(&str, Kind, bool)] = &[("late_reason", Str, true)];
-
-const EVENT_COLUMNS: &[(&str, Kind, bool)] = &[
-    ("event_id", Str, false),
-    ("source", Str, true),
-    ("type", Str, true),
-    ("event_time", Timestamp, true),
-    ("flight_key", Str, true),
-    ("carrier", Str, true),
-    ("flight_number", Int, true),
-    ("origin", Str, true),
-    ("service_date", Date, false),
-    ("scheduled_out", Timestamp, true),
-    ("scheduled_in", Timestamp, true),
-    ("destination", Str, true),
-    ("tail_number", Str, true),
-    ("estimated_out", Timestamp, true),
-    ("estimated_in", Timestamp, true),
-    ("gate", Str, true),
-    ("terminal", Str, true),
-    ("delay_minutes", Int, true),
-    ("delay_code", Str, true),
-    ("reason", Str, true),
-    ("diverted_to", Str, true),
-    ("extra_json", Str, true),
-    ("ingested_at", Timestamp, true),
-    ("input_partition", Int, true),
-    ("input_offset", Long, true),
-];
-
-const STATE_COLUMNS: &[(&str, Kind, bool)] = &[
-    ("flight_key", Str, false),
-    ("version", Long, false),
-    ("carrier", Str, true),
-    ("flight_number", Int, true),
-    ("origin", Str, true),
-    ("service_date", Date, false),
-    ("destination", Str, true),
-    ("status", Str, true),
-    ("scheduled_out", Timestamp, true),
-    ("scheduled_in", Timestamp, true),
-    ("estimated_out", Timestamp, true),
-    ("estimated_in", Timestamp, true),
-    ("actual_out", Timestamp, true),
-    ("actual_off", Timestamp, true),
-    ("actual_on", Timestamp, true),
-    ("actual_in", Timestamp, true),
-    ("gate", Str, true),
-    ("terminal", Str, true),
-    ("tail_number", Str, true),
-    ("delay_minutes", Int, true),
-    ("delay_codes", StrList, true),
-    ("diverted_to", Str, true),
-    ("last_event_id", Str, true),
-    ("last_event_time", Timestamp, true),
-    ("updated_at", Timestamp, true),
-    ("input_partition", Int, true),
-    ("input_offset", Long, true),
-];
-
-const CHANGE_COLUMNS: &[(&str, Kind, bool)] = &[
-    ("id", Str, false),
-    ("lsn", Long, false),
-    ("flight_key", Str, true),
-    ("version", Long, true),
-    ("change_time", Timestamp, true),
-    ("change_date", Date, false),
-    ("feed_range", Str, true),
-    ("document_json", Str, true),
-];
 
 /// A column's values, in the order rows are appended.
 enum Column {
@@ -652,7 +459,7 @@ mod tests {
     #[test]
     fn an_event_becomes_a_typed_row() {
         let payload = event().encode_to_vec();
-        let row = Table::Events.decode(position(7), &payload).expect("decodes");
+        let row = decode(Table::Events, position(7), &payload).expect("decodes");
         assert_eq!(
             row.origin,
             Origin {
@@ -682,7 +489,7 @@ mod tests {
         let mut late = event();
         late.late_reason = "expired".to_owned();
         let payload = late.encode_to_vec();
-        let row = Table::LateEvents.decode(position(1), &payload).expect("decodes");
+        let row = decode(Table::LateEvents, position(1), &payload).expect("decodes");
         assert_eq!(row.origin.source, "ops.events.raw:1");
         assert_eq!(row.origin.position, 99);
         let batch = record_batch(Table::LateEvents, arrow_schema(Table::LateEvents), &[&row]).expect("batch");
@@ -704,18 +511,15 @@ mod tests {
             delay_codes: vec!["93".to_owned(), "81".to_owned()],
             ..FlightState::default()
         };
-        let error = Table::FlightStates
-            .decode(position(0), &state.encode_to_vec())
-            .expect_err("no input position");
+        let error =
+            decode(Table::FlightStates, position(0), &state.encode_to_vec()).expect_err("no input position");
         assert!(error.contains("carries no input position"), "{error}");
         state.input = Some(SourcePosition {
             topic: "ops.events.raw".to_owned(),
             partition: 2,
             offset: 17,
         });
-        let row = Table::FlightStates
-            .decode(position(0), &state.encode_to_vec())
-            .expect("state");
+        let row = decode(Table::FlightStates, position(0), &state.encode_to_vec()).expect("state");
         assert_eq!(row.origin.source, "ops.events.raw:2");
         assert_eq!(row.origin.position, 17);
         let batch =
@@ -736,9 +540,7 @@ mod tests {
             feed_range: "0".to_owned(),
             ..ServingChange::default()
         };
-        let row = Table::ServingChanges
-            .decode(position(0), &change.encode_to_vec())
-            .expect("change");
+        let row = decode(Table::ServingChanges, position(0), &change.encode_to_vec()).expect("change");
         assert_eq!(row.origin.position, 42);
         assert_eq!(row.origin.source, short_source("feed-range", "0"));
         let batch = record_batch(
@@ -758,21 +560,20 @@ mod tests {
 
     #[test]
     fn bad_records_say_why() {
-        let error = Table::Events
-            .decode(position(0), b"\xff\xff\xff")
-            .expect_err("garbage");
+        let error = decode(Table::Events, position(0), b"\xff\xff\xff").expect_err("garbage");
         assert!(error.contains("not a contrail.v1.OperationalEvent"), "{error}");
         let mut bad_date = event();
         if let Some(flight) = bad_date.flight.as_mut() {
             flight.service_date = "2013-13-45".to_owned();
         }
-        let error = Table::Events
-            .decode(position(0), &bad_date.encode_to_vec())
-            .expect_err("bad date");
+        let error = decode(Table::Events, position(0), &bad_date.encode_to_vec()).expect_err("bad date");
         assert!(error.contains("2013-13-45"), "{error}");
-        let error = Table::FlightStates
-            .decode(position(0), &FlightState::default().encode_to_vec())
-            .expect_err("empty state");
+        let error = decode(
+            Table::FlightStates,
+            position(0),
+            &FlightState::default().encode_to_vec(),
+        )
+        .expect_err("empty state");
         assert!(error.contains("without flight_key"), "{error}");
     }
 
@@ -781,7 +582,7 @@ mod tests {
         #[test]
         fn decoders_never_panic(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..256)) {
             for table in Table::ALL {
-                if let Ok(row) = table.decode(position(0), &bytes) {
+                if let Ok(row) = decode(table, position(0), &bytes) {
                     let batch = record_batch(table, arrow_schema(table), &[&row]);
                     proptest::prop_assert!(batch.is_ok(), "{:?}", batch.err());
                 }

@@ -12,9 +12,9 @@ use deltalake::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use deltalake::{DeltaTableError, ObjectStore as _};
 use futures::TryStreamExt as _;
 
-use crate::error::DeltaArchiverError;
-use crate::schema::Table;
-use crate::table::{root_url, table_url};
+use crate::error::HistoryError;
+use crate::location::{root_url, table_url};
+use crate::tables::Table;
 
 /// The rows of one data file.
 #[derive(Debug, Clone)]
@@ -59,9 +59,9 @@ pub async fn scan(
     table: Table,
     date: Option<NaiveDate>,
     columns: &[&str],
-) -> Result<Scan, DeltaArchiverError> {
+) -> Result<Scan, HistoryError> {
     let name = table.name();
-    let wrap = |source| DeltaArchiverError::Delta { table: name, source };
+    let wrap = |source| HistoryError::Delta { table: name, source };
     let url = table_url(&root_url(root)?, table)?;
     let mut delta = deltalake::DeltaTableBuilder::from_url(url)
         .map_err(wrap)?

@@ -1,0 +1,465 @@
+//! `contrail admin`: a client for the admin API every stage serves on its gRPC port
+//! (`contrail.admin.v1.AdminService`, DESIGN §6).
+//!
+//! A stage is named with `--stage` (a stage on this machine, at its default admin port shifted by
+//! `--port-offset` as `contrail up` does) or reached anywhere with `--addr`. Human output is aligned
+//! tables; `--json` prints one JSON object per stage on one line each, for scripts and `jq`.
+//! The bearer token is sent as `authorization` metadata and never printed.
+
+mod json;
+mod render;
+mod session;
+mod table;
+mod target;
+
+use std::io::Write;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, Subcommand};
+use contrail_proto::admin::v1 as admin;
+use serde_json::json;
+use tonic::metadata::AsciiMetadataValue;
+
+use self::json::{checkpoint_json, key_state_json, status_json, summary_json, total_lag, with_fields};
+use self::render::{format_uptime, render_checkpoints, render_key_state, render_status, yes_no};
+use self::session::{AdminSession, AdminToken};
+use self::table::{Align, Table};
+use self::target::{Stage, Target, resolve_target};
+
+/// Options of `contrail admin`.
+#[derive(Args, Debug)]
+pub struct AdminArgs {
+    /// The stage to talk to on this machine: ingest, dedup-state, cosmos-writer, changefeed-sync or
+    /// delta-archiver (its default admin gRPC port on 127.0.0.1: 9090, 9091, 9192, 9193, 9194,
+    /// plus --port-offset). `status` without --stage or --addr asks every stage.
+    #[arg(long, global = true, value_name = "NAME", value_parser = Stage::from_name)]
+    stage: Option<Stage>,
+    /// Admin gRPC address of a stage anywhere, e.g. http://dedup-state-0.dedup-state:9091 (http://
+    /// is assumed when no scheme is given). Overrides the address --stage implies; --stage then
+    /// only names the stage in messages.
+    #[arg(long, global = true, value_name = "URL", env = "CONTRAIL_ADMIN_ADDR")]
+    addr: Option<String>,
+    /// Added to every default admin port, as `contrail up --port-offset N` shifts them.
+    #[arg(
+        long,
+        global = true,
+        value_name = "N",
+        env = "CONTRAIL_PORT_OFFSET",
+        default_value_t = 0
+    )]
+    port_offset: u16,
+    /// Bearer token of the admin API (sent as `authorization: Bearer TOKEN`; never printed).
+    #[arg(
+        long,
+        global = true,
+        value_name = "TOKEN",
+        env = "CONTRAIL_ADMIN_TOKEN",
+        hide_env_values = true
+    )]
+    token: Option<AdminToken>,
+    /// Print one JSON object per stage, one per line, instead of tables.
+    #[arg(long, global = true)]
+    json: bool,
+    /// Give up on a stage after this many seconds, for connecting and again for its answer.
+    #[arg(
+        long,
+        global = true,
+        value_name = "SECONDS",
+        default_value_t = 10,
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    timeout_s: u64,
+    /// What to ask the stage.
+    #[command(subcommand)]
+    command: AdminCommand,
+}
+
+/// The calls of the admin API, one subcommand each.
+#[derive(Subcommand, Debug)]
+enum AdminCommand {
+    /// What a stage is doing: partitions, offsets, lag, rates, counters, sources and leases.
+    /// Without --stage or --addr: one summary row for each of the five local stages.
+    Status,
+    /// Stop consuming/accepting new work; in-flight work finishes.
+    Pause,
+    /// Take work again after `pause`.
+    Resume,
+    /// Take a checkpoint now and print its epoch (dedup-state).
+    Checkpoint,
+    /// List the checkpoints the stage keeps (dedup-state).
+    Checkpoints,
+    /// Ask the stage to restore checkpoint EPOCH (dedup-state); fails unless the stage accepts.
+    Restore {
+        /// The checkpoint's epoch, as listed by `contrail admin checkpoints`.
+        epoch: u64,
+    },
+    /// One key's state, dedup event ids and timers (dedup-state).
+    State {
+        /// The state key: a flight key `{carrier}{number}-{date}-{origin}`, e.g.
+        /// UA1545-2013-01-01-EWR.
+        key: String,
+    },
+    /// Finish in-flight work, commit and stop taking work; the stage then exits.
+    Drain,
+}
+
+impl AdminCommand {
+    /// The command as typed, for messages.
+    fn name(&self) -> &'static str {
+        match self {
+            AdminCommand::Status => "status",
+            AdminCommand::Pause => "pause",
+            AdminCommand::Resume => "resume",
+            AdminCommand::Checkpoint => "checkpoint",
+            AdminCommand::Checkpoints => "checkpoints",
+            AdminCommand::Restore { .. } => "restore",
+            AdminCommand::State { .. } => "state",
+            AdminCommand::Drain => "drain",
+        }
+    }
+}
+
+/// Runs `contrail admin …`.
+pub async fn run(args: AdminArgs) -> Result<()> {
+    let authorization = match &args.token {
+        Some(token) => token.authorization()?,
+        None => None,
+    };
+    let timeout = Duration::from_secs(args.timeout_s);
+    let target = resolve_target(args.stage, args.addr.as_deref(), args.port_offset)?;
+    let Some(target) = target else {
+        if matches!(args.command, AdminCommand::Status) {
+            return status_of_every_stage(args.port_offset, authorization, timeout, args.json).await;
+        }
+        let valid: Vec<&str> = Stage::ALL.iter().map(|stage| stage.name()).collect();
+        bail!(
+            "`contrail admin {}` needs a stage: pass --stage NAME (one of {}) or --addr URL \
+             (or set CONTRAIL_ADMIN_ADDR)",
+            args.command.name(),
+            valid.join(", ")
+        );
+    };
+    let session = AdminSession::connect(target, authorization, timeout).await?;
+    let mut client = session.client.clone();
+    let output = match args.command {
+        AdminCommand::Status => {
+            let status = session.status().await?;
+            if args.json {
+                with_fields(session.target.json_fields(), status_json(&status)).to_string()
+            } else {
+                render_status(&session.target, &status)
+            }
+        }
+        AdminCommand::Pause => {
+            let response = session
+                .answer("Pause", client.pause(session.request(admin::PauseRequest {})))
+                .await?;
+            if args.json {
+                let answer = json!({ "paused": response.paused });
+                with_fields(session.target.json_fields(), answer).to_string()
+            } else {
+                let state = if response.paused { "paused" } else { "not paused" };
+                format!("{}: {state}", session.target.name())
+            }
+        }
+        AdminCommand::Resume => {
+            let response = session
+                .answer("Resume", client.resume(session.request(admin::ResumeRequest {})))
+                .await?;
+            if args.json {
+                let answer = json!({ "paused": response.paused });
+                with_fields(session.target.json_fields(), answer).to_string()
+            } else {
+                let state = if response.paused {
+                    "still paused"
+                } else {
+                    "resumed"
+                };
+                format!("{}: {state}", session.target.name())
+            }
+        }
+        AdminCommand::Checkpoint => {
+            let request = session.request(admin::TriggerCheckpointRequest {});
+            let response = session
+                .answer("TriggerCheckpoint", client.trigger_checkpoint(request))
+                .await?;
+            if args.json {
+                let answer = json!({ "epoch": response.epoch });
+                with_fields(session.target.json_fields(), answer).to_string()
+            } else {
+                format!("{}: checkpoint epoch {}", session.target.name(), response.epoch)
+            }
+        }
+        AdminCommand::Checkpoints => {
+            let request = session.request(admin::ListCheckpointsRequest {});
+            let response = session
+                .answer("ListCheckpoints", client.list_checkpoints(request))
+                .await?;
+            let mut checkpoints = response.checkpoints;
+            checkpoints.sort_by_key(|checkpoint| checkpoint.epoch);
+            if args.json {
+                let answer =
+                    json!({ "checkpoints": checkpoints.iter().map(checkpoint_json).collect::<Vec<_>>() });
+                with_fields(session.target.json_fields(), answer).to_string()
+            } else {
+                render_checkpoints(&session.target, &checkpoints)
+            }
+        }
+        AdminCommand::Restore { epoch } => {
+            let request = session.request(admin::RestoreCheckpointRequest { epoch });
+            let response = session
+                .answer("RestoreCheckpoint", client.restore_checkpoint(request))
+                .await?;
+            let rendered = if args.json {
+                let answer = json!({
+                    "epoch": epoch,
+                    "accepted": response.accepted,
+                    "message": response.message,
+                });
+                with_fields(session.target.json_fields(), answer).to_string()
+            } else {
+                let accepted = if response.accepted { "yes" } else { "no" };
+                format!("accepted: {accepted}\nmessage:  {}", response.message)
+            };
+            print_out(&rendered)?;
+            if !response.accepted {
+                bail!(
+                    "{} did not accept restoring checkpoint epoch {epoch}",
+                    session.target.name()
+                );
+            }
+            return Ok(());
+        }
+        AdminCommand::State { key } => {
+            let request = session.request(admin::ReadKeyStateRequest { key: key.clone() });
+            let response = session
+                .answer("ReadKeyState", client.read_key_state(request))
+                .await?;
+            if args.json {
+                with_fields(session.target.json_fields(), key_state_json(&key, &response)).to_string()
+            } else {
+                render_key_state(&key, &response)
+            }
+        }
+        AdminCommand::Drain => {
+            let response = session
+                .answer("Drain", client.drain(session.request(admin::DrainRequest {})))
+                .await?;
+            if args.json {
+                let answer = json!({ "draining": response.draining });
+                with_fields(session.target.json_fields(), answer).to_string()
+            } else if response.draining {
+                format!(
+                    "{}: draining (it finishes in-flight work, commits and exits)",
+                    session.target.name()
+                )
+            } else {
+                format!("{}: not draining", session.target.name())
+            }
+        }
+    };
+    print_out(&output)
+}
+
+/// `status` without a stage: asks all five local stages at once; a stage that cannot answer is
+/// shown as down with its error instead of failing the command.
+async fn status_of_every_stage(
+    port_offset: u16,
+    authorization: Option<AsciiMetadataValue>,
+    timeout: Duration,
+    as_json: bool,
+) -> Result<()> {
+    let probes = Stage::ALL.into_iter().map(|stage| {
+        let authorization = authorization.clone();
+        async move {
+            let url = stage.local_url(port_offset)?;
+            let target = Target {
+                stage: Some(stage),
+                url,
+            };
+            let session = AdminSession::connect(target, authorization, timeout).await?;
+            session.status().await
+        }
+    });
+    let answers = futures::future::join_all(probes).await;
+    let stages_and_answers: Vec<(Stage, Result<admin::StatusResponse>)> =
+        Stage::ALL.into_iter().zip(answers).collect();
+    if as_json {
+        let lines: Vec<String> = stages_and_answers
+            .iter()
+            .map(|(stage, answer)| summary_json(*stage, port_offset, answer).to_string())
+            .collect();
+        return print_out(&lines.join("\n"));
+    }
+    let mut table = Table::new(&[
+        ("STAGE", Align::Left),
+        ("INSTANCE", Align::Left),
+        ("READY", Align::Left),
+        ("PAUSED", Align::Left),
+        ("UPTIME", Align::Right),
+        ("PARTITIONS", Align::Right),
+        ("LAG", Align::Right),
+        ("EVENTS/S", Align::Right),
+        ("IN FLIGHT", Align::Right),
+    ]);
+    let mut failures = Vec::new();
+    for (stage, answer) in &stages_and_answers {
+        match answer {
+            Ok(status) => table.push(vec![
+                stage.name().to_owned(),
+                status.instance.clone(),
+                yes_no(status.ready),
+                yes_no(status.paused),
+                format_uptime(status.uptime_seconds),
+                status.partitions.len().to_string(),
+                total_lag(status).to_string(),
+                format!("{:.1}", status.events_per_second),
+                status.in_flight.to_string(),
+            ]),
+            Err(error) => {
+                let mut row = vec![stage.name().to_owned(), "-".to_owned(), "down".to_owned()];
+                row.resize(9, "-".to_owned());
+                table.push(row);
+                failures.push(format!("{}: {error:#}", stage.name()));
+            }
+        }
+    }
+    let mut output = table.render();
+    if !failures.is_empty() {
+        output.push('\n');
+        output.push_str(&failures.join("\n"));
+    }
+    print_out(&output)
+}
+
+/// Writes `text` and a newline to stdout; a closed pipe (`| head`) is an error, not a panic.
+fn print_out(text: &str) -> Result<()> {
+    let mut stdout = std::io::stdout().lock();
+    writeln!(stdout, "{text}").context("cannot write to stdout")?;
+    stdout.flush().context("cannot write to stdout")
+}
+
+#[cfg(test)]
+pub(super) mod tests {
+    use super::*;
+
+    /// `contrail admin` wired the way `main.rs` wires it, for parsing tests.
+    #[derive(clap::Parser, Debug)]
+    #[command(name = "contrail")]
+    struct TestCli {
+        #[command(subcommand)]
+        command: TestCommand,
+    }
+
+    #[derive(clap::Subcommand, Debug)]
+    enum TestCommand {
+        /// Operate a running stage through its admin API.
+        Admin(AdminArgs),
+    }
+
+    fn parse(arguments: &[&str]) -> Result<AdminArgs, clap::Error> {
+        use clap::Parser;
+        let TestCommand::Admin(admin_args) = TestCli::try_parse_from(arguments)?.command;
+        Ok(admin_args)
+    }
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        use clap::CommandFactory;
+        TestCli::command().debug_assert();
+    }
+
+    #[test]
+    fn global_options_parse_before_and_after_the_subcommand() {
+        let admin_args = parse(&[
+            "contrail",
+            "admin",
+            "--json",
+            "state",
+            "UA1545-2013-01-01-EWR",
+            "--stage",
+            "dedup-state",
+            "--port-offset",
+            "100",
+            "--timeout-s",
+            "3",
+        ])
+        .expect("parses");
+        assert_eq!(admin_args.stage, Some(Stage::DedupState));
+        assert!(admin_args.json);
+        assert_eq!(admin_args.port_offset, 100);
+        assert_eq!(admin_args.timeout_s, 3);
+        assert!(
+            matches!(&admin_args.command, AdminCommand::State { key } if key == "UA1545-2013-01-01-EWR"),
+            "{:?}",
+            admin_args.command
+        );
+
+        let restore =
+            parse(&["contrail", "admin", "restore", "7", "--stage", "dedup-state"]).expect("parses");
+        assert!(matches!(restore.command, AdminCommand::Restore { epoch: 7 }));
+
+        let error = parse(&["contrail", "admin", "--stage", "dedupe", "status"]).expect_err("bad stage");
+        let message = error.to_string();
+        assert!(message.contains("\"dedupe\""), "{message}");
+        assert!(message.contains("changefeed-sync"), "{message}");
+
+        parse(&["contrail", "admin", "--timeout-s", "0", "status"]).expect_err("a zero timeout");
+    }
+
+    pub(crate) fn sample_status() -> admin::StatusResponse {
+        admin::StatusResponse {
+            stage: "dedup-state".to_owned(),
+            version: "0.1.0".to_owned(),
+            instance: "dedup-state-0".to_owned(),
+            ready: true,
+            paused: false,
+            uptime_seconds: 3_725,
+            partitions: vec![
+                admin::PartitionStatus {
+                    topic: "ops.events.raw".to_owned(),
+                    partition: 0,
+                    committed_offset: 1_200,
+                    high_watermark: 1_212,
+                    lag: 12,
+                    state_bytes: 4_096,
+                },
+                admin::PartitionStatus {
+                    topic: "ops.events.raw".to_owned(),
+                    partition: 1,
+                    committed_offset: 900,
+                    high_watermark: 930,
+                    lag: 30,
+                    state_bytes: 2_048,
+                },
+            ],
+            counters: [
+                ("events_deduplicated_total".to_owned(), 17.0),
+                ("events_accepted_total".to_owned(), 1_234.5),
+            ]
+            .into_iter()
+            .collect(),
+            events_per_second: 88.25,
+            sources: vec![admin::SourceStatus {
+                name: "flightaware".to_owned(),
+                cursor: "page-9".to_owned(),
+                events_fetched: 500,
+                pages_fetched: 9,
+                errors: 1,
+                last_error: "HTTP 503".to_owned(),
+                caught_up: true,
+            }],
+            in_flight: 3,
+            leases: vec![admin::LeaseStatus {
+                feed_range: "[00,80)".to_owned(),
+                owner: "changefeed-sync-1".to_owned(),
+                last_lsn: 42,
+                last_ts: 1_357_016_400,
+                lag_seconds: 1.5,
+                renewed_ms_ago: 250,
+                changes_published: 77,
+            }],
+        }
+    }
+}
