@@ -50,5 +50,11 @@ if ! command -v cargo-nextest >/dev/null 2>&1; then
   cargo install --locked cargo-nextest >/dev/null
 fi
 
+# CI keeps the manifests honest: a dependency no code uses fails the build (≈ 1 min to install).
+if ! command -v cargo-machete >/dev/null 2>&1; then
+  echo "setup: installing cargo-machete"
+  cargo install --locked cargo-machete --version 0.9.2 >/dev/null
+fi
+
 # Builds go to a persistent directory outside the clone so a fresh clone does not rebuild the world.
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/contrail-target}"

@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use contrail_dedup::document::flight_document;
-use contrail_dedup::fold::{apply, empty_state, order_key};
+use contrail_flight::document::flight_document;
+use contrail_flight::fold::{apply, empty_state, order_key};
 use contrail_proto::v1::{FlightState, OperationalEvent};
 use prost::Message as _;
 use rdkafka::producer::Producer as _;

@@ -4,14 +4,14 @@
 //!
 //! The oracle re-implements DESIGN §3's decisions (dedup with TTL, per-key lateness, state TTL,
 //! version = accepted count) from the contract's text, in a few lines of maps; only the fold itself
-//! (`contrail_dedup::fold`, property-tested on its own) is shared with the stage.
+//! (`contrail_flight::fold`, property-tested on its own) is shared with the stage.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use contrail_dedup::fold::{apply, empty_state, order_key};
+use contrail_flight::fold::{apply, empty_state, order_key};
 use contrail_proto::admin::v1::StatusResponse;
 use contrail_proto::v1::{FlightState, OperationalEvent, SourcePosition};
 use prost::Message as _;

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use contrail_dedup::document::flight_document;
+use contrail_flight::document::flight_document;
 use contrail_proto::v1::{FlightState, OperationalEvent, ServingChange, SourcePosition};
 use prost::Message as _;
 use rdkafka::producer::Producer as _;

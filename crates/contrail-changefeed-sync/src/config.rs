@@ -4,6 +4,7 @@ use contrail_common::auth::AuthConfig;
 use contrail_common::config::ListenConfig;
 use contrail_common::kafka::KafkaConfig;
 use contrail_common::telemetry::TelemetryConfig;
+use contrail_common::topology::{self, topics};
 use contrail_cosmos::CosmosConfig;
 use serde::{Deserialize, Serialize};
 
@@ -33,7 +34,7 @@ impl Default for ChangefeedSyncConfig {
     fn default() -> Self {
         ChangefeedSyncConfig {
             instance: std::env::var("HOSTNAME").unwrap_or_else(|_| "changefeed-sync-0".to_owned()),
-            listen: ListenConfig::on_ports(8083, 9193),
+            listen: ListenConfig::of(topology::CHANGEFEED_SYNC),
             telemetry: TelemetryConfig::default(),
             kafka: KafkaConfig::default(),
             topics: TopicsConfig::default(),
@@ -59,7 +60,7 @@ pub struct TopicsConfig {
 impl Default for TopicsConfig {
     fn default() -> Self {
         TopicsConfig {
-            changes: "ops.flights.changes".to_owned(),
+            changes: topics::CHANGES.to_owned(),
             create: true,
             partitions: 4,
         }

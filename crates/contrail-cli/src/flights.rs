@@ -117,7 +117,7 @@ pub async fn run(args: FlightsArgs) -> Result<()> {
 pub fn describe(document: &Value) -> String {
     let mut text = String::new();
     // `id` equals `flightKey`; shown once.
-    for field in contrail_dedup::document::FIELDS.into_iter().skip(1) {
+    for field in contrail_flight::document::FIELDS.into_iter().skip(1) {
         let value = match &document[field] {
             Value::Null => "—".to_owned(),
             Value::String(text) if text.is_empty() => "—".to_owned(),

@@ -13,45 +13,7 @@ use anyhow::{Context, Result, bail};
 /// public and grants nothing anywhere else).
 pub const DEV_COSMOS_KEY: &str = "Y29udHJhaWwtZGV2LWtleQ==";
 
-/// A stage of the pipeline and its default ports (HTTP probes/metrics, gRPC admin).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct StageSpec {
-    /// Binary and stage name.
-    pub name: &'static str,
-    /// Default HTTP port.
-    pub http: u16,
-    /// Default gRPC (admin) port.
-    pub grpc: u16,
-}
-
-/// The five stages in pipeline order, with the ports their binaries use by default.
-pub const STAGES: [StageSpec; 5] = [
-    StageSpec {
-        name: "ingest",
-        http: 8080,
-        grpc: 9090,
-    },
-    StageSpec {
-        name: "dedup-state",
-        http: 8081,
-        grpc: 9091,
-    },
-    StageSpec {
-        name: "cosmos-writer",
-        http: 8082,
-        grpc: 9192,
-    },
-    StageSpec {
-        name: "changefeed-sync",
-        http: 8083,
-        grpc: 9193,
-    },
-    StageSpec {
-        name: "delta-archiver",
-        http: 8084,
-        grpc: 9194,
-    },
-];
+pub use contrail_common::topology::{STAGES, StageSpec};
 
 /// Every port of a local platform: the defaults plus an offset (so two platforms, or a test
 /// next to a developer's, can run side by side).

@@ -168,7 +168,7 @@ impl Stores {
                 }
                 let state = contrail_proto::v1::FlightState::decode(records.value(row))
                     .context("a flight_states record is not a FlightState")?;
-                states.push(contrail_dedup::document::flight_document(&state));
+                states.push(contrail_flight::document::flight_document(&state));
             }
         }
         states.sort_by_key(|state| state["version"].as_i64().unwrap_or_default());

@@ -7,6 +7,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
 
 use contrail_proto::admin::v1 as admin;
 use tonic::{Request, Response, Status};
@@ -23,42 +24,109 @@ pub trait StageStatus: Send + Sync + 'static {
     async fn status(&self) -> Result<admin::StatusResponse, Status>;
 }
 
-/// The admin service of a streaming stage.
-pub struct StreamAdmin<S> {
+/// The operator controls every stage's admin API shares: pause and resume (a flag the stage's
+/// loop reads), drain (not ready, then the process shutdown), and the fields every `Status`
+/// carries (stage, version, readiness, pause, uptime). Clones share the flag.
+#[derive(Clone)]
+pub struct AdminControls {
     stage: &'static str,
-    no_checkpoints: &'static str,
-    source: S,
     paused: Arc<AtomicBool>,
     health: Health,
     shutdown: Shutdown,
+    started: Instant,
+}
+
+impl AdminControls {
+    /// Controls of `stage`, not paused.
+    pub fn new(stage: &'static str, health: Health, shutdown: Shutdown) -> AdminControls {
+        AdminControls {
+            stage,
+            paused: Arc::default(),
+            health,
+            shutdown,
+            started: Instant::now(),
+        }
+    }
+
+    /// The same controls over a pause flag the stage already owns (ingest's pipeline).
+    pub fn with_pause_flag(mut self, paused: Arc<AtomicBool>) -> AdminControls {
+        self.paused = paused;
+        self
+    }
+
+    /// The pause flag, for the stage's loop.
+    pub fn pause_flag(&self) -> Arc<AtomicBool> {
+        self.paused.clone()
+    }
+
+    /// Whether an operator paused the stage.
+    pub fn is_paused(&self) -> bool {
+        self.paused.load(Ordering::Relaxed)
+    }
+
+    /// Seconds since start, at least 1 (a rate's denominator).
+    pub fn uptime_seconds(&self) -> f64 {
+        self.started.elapsed().as_secs_f64().max(1.0)
+    }
+
+    /// Fills the fields every stage reports the same way.
+    pub fn stamp(&self, status: &mut admin::StatusResponse) {
+        status.stage = self.stage.to_owned();
+        status.version = env!("CARGO_PKG_VERSION").to_owned();
+        status.ready = self.health.is_ready();
+        status.paused = self.is_paused();
+        if status.uptime_seconds == 0 {
+            status.uptime_seconds = self.uptime_seconds() as i64;
+        }
+    }
+
+    /// `Pause`: the stage stops taking new work; work in flight finishes.
+    pub fn pause(&self) -> Response<admin::PauseResponse> {
+        self.paused.store(true, Ordering::Relaxed);
+        tracing::info!(stage = self.stage, "paused by admin request");
+        Response::new(admin::PauseResponse { paused: true })
+    }
+
+    /// `Resume`.
+    pub fn resume(&self) -> Response<admin::ResumeResponse> {
+        self.paused.store(false, Ordering::Relaxed);
+        tracing::info!(stage = self.stage, "resumed by admin request");
+        Response::new(admin::ResumeResponse { paused: false })
+    }
+
+    /// `Drain`: not ready (traffic goes elsewhere), then the graceful shutdown: the batch in
+    /// flight finishes and commits, consumers leave their group.
+    pub fn drain(&self) -> Response<admin::DrainResponse> {
+        tracing::info!(stage = self.stage, "drain requested by admin");
+        self.health.set_ready(false);
+        self.shutdown.trigger();
+        Response::new(admin::DrainResponse { draining: true })
+    }
+}
+
+/// The admin service of a streaming stage.
+pub struct StreamAdmin<S> {
+    no_checkpoints: &'static str,
+    source: S,
+    controls: AdminControls,
 }
 
 impl<S: StageStatus> StreamAdmin<S> {
     /// `no_checkpoints` is the answer to the checkpoint and key-state calls (say where the stage's
     /// progress lives instead).
-    pub fn new(
-        stage: &'static str,
-        no_checkpoints: &'static str,
-        source: S,
-        paused: Arc<AtomicBool>,
-        health: Health,
-        shutdown: Shutdown,
-    ) -> StreamAdmin<S> {
+    pub fn new(no_checkpoints: &'static str, source: S, controls: AdminControls) -> StreamAdmin<S> {
         StreamAdmin {
-            stage,
             no_checkpoints,
             source,
-            paused,
-            health,
-            shutdown,
+            controls,
         }
     }
 
     /// Serves this admin API (behind `tokens`) with gRPC health and reflection, and the probes
     /// and `metrics` over HTTP, on `listeners` until the shutdown.
     pub fn serve(self, listeners: Listeners, tokens: &BearerTokens, metrics: MetricsRegistry) -> Servers {
-        let health = self.health.clone();
-        let shutdown = self.shutdown.clone();
+        let health = self.controls.health.clone();
+        let shutdown = self.controls.shutdown.clone();
         let routes =
             tonic::service::Routes::new(admin::admin_service_server::AdminServiceServer::with_interceptor(
                 self,
@@ -83,26 +151,19 @@ impl<S: StageStatus> admin::admin_service_server::AdminService for StreamAdmin<S
         _: Request<admin::StatusRequest>,
     ) -> Result<Response<admin::StatusResponse>, Status> {
         let mut status = self.source.status().await?;
-        status.stage = self.stage.to_owned();
-        status.version = env!("CARGO_PKG_VERSION").to_owned();
-        status.ready = self.health.is_ready();
-        status.paused = self.paused.load(Ordering::Relaxed);
+        self.controls.stamp(&mut status);
         Ok(Response::new(status))
     }
 
     async fn pause(&self, _: Request<admin::PauseRequest>) -> Result<Response<admin::PauseResponse>, Status> {
-        self.paused.store(true, Ordering::Relaxed);
-        tracing::info!(stage = self.stage, "paused by admin request");
-        Ok(Response::new(admin::PauseResponse { paused: true }))
+        Ok(self.controls.pause())
     }
 
     async fn resume(
         &self,
         _: Request<admin::ResumeRequest>,
     ) -> Result<Response<admin::ResumeResponse>, Status> {
-        self.paused.store(false, Ordering::Relaxed);
-        tracing::info!(stage = self.stage, "resumed by admin request");
-        Ok(Response::new(admin::ResumeResponse { paused: false }))
+        Ok(self.controls.resume())
     }
 
     async fn trigger_checkpoint(
@@ -134,9 +195,6 @@ impl<S: StageStatus> admin::admin_service_server::AdminService for StreamAdmin<S
     }
 
     async fn drain(&self, _: Request<admin::DrainRequest>) -> Result<Response<admin::DrainResponse>, Status> {
-        tracing::info!(stage = self.stage, "drain requested by admin");
-        self.health.set_ready(false);
-        self.shutdown.trigger();
-        Ok(Response::new(admin::DrainResponse { draining: true }))
+        Ok(self.controls.drain())
     }
 }

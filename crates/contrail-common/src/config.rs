@@ -175,11 +175,16 @@ impl ListenConfig {
             grpc: format!("0.0.0.0:{grpc_port}"),
         }
     }
+
+    /// The default listen addresses of `stage` (its ports from [`crate::topology`]).
+    pub fn of(stage: crate::topology::StageSpec) -> ListenConfig {
+        ListenConfig::on_ports(stage.http, stage.grpc)
+    }
 }
 
 impl Default for ListenConfig {
     fn default() -> Self {
-        ListenConfig::on_ports(8080, 9090)
+        ListenConfig::of(crate::topology::INGEST)
     }
 }
 

@@ -9,7 +9,7 @@
 //! size. Deterministic, so dedup-state (which regenerates identical outputs after a restart) may
 //! use it too.
 
-use contrail_proto::v1::DeadLetter;
+use contrail_proto::v1::{DeadLetter, SourcePosition};
 use prost::Message as _;
 
 /// What a Kafka record costs beyond its key and value (record header, varints, batch share);
@@ -68,11 +68,74 @@ pub fn fit(letter: &mut DeadLetter, key_len: usize, max_message_bytes: usize) ->
     true
 }
 
+/// A consumed record a stage cannot process.
+#[derive(Debug, Clone)]
+pub struct Unprocessable<'a> {
+    /// Where it was read (becomes the dead letter's `input` and `origin`).
+    pub position: SourcePosition,
+    /// Its key (the dead letter keeps it, so it stays in its flight's partition).
+    pub key: &'a [u8],
+    /// Its value as read.
+    pub payload: &'a [u8],
+    /// What the value should have been, e.g. `application/x-protobuf; contrail.v1.FlightState`.
+    pub content_type: String,
+}
+
+impl Unprocessable<'_> {
+    /// The encoded dead letter of this record from `stage` with `reason`, fitted to one message of
+    /// at most `max_message_bytes` ([`fit`]). `rejected_at_us` is 0 where outputs must be
+    /// deterministic (dedup-state).
+    pub fn dead_letter(
+        &self,
+        stage: &str,
+        reason: String,
+        rejected_at_us: i64,
+        max_message_bytes: usize,
+    ) -> Vec<u8> {
+        let mut letter = DeadLetter {
+            stage: stage.to_owned(),
+            reason,
+            payload: self.payload.to_vec(),
+            content_type: self.content_type.clone(),
+            origin: self.position.topic.clone(),
+            rejected_at_us,
+            input: Some(self.position.clone()),
+            ..DeadLetter::default()
+        };
+        fit(&mut letter, self.key.len(), max_message_bytes);
+        letter.encode_to_vec()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use contrail_proto::v1::FieldError;
     use proptest::prelude::*;
+
+    #[test]
+    fn an_unprocessable_record_becomes_a_fitted_dead_letter_with_its_position() {
+        let payload = vec![7u8; 300_000];
+        let record = Unprocessable {
+            position: SourcePosition {
+                topic: "ops.flights.curated".to_owned(),
+                partition: 3,
+                offset: 41,
+            },
+            key: b"UA1545-2013-01-01-EWR",
+            payload: &payload,
+            content_type: "application/x-protobuf; contrail.v1.FlightState".to_owned(),
+        };
+        let encoded = record.dead_letter("cosmos-writer", "not a FlightState".to_owned(), 0, 100_000);
+        assert!(encoded.len() + record.key.len() + RECORD_OVERHEAD_BYTES <= 100_000);
+        let letter = DeadLetter::decode(encoded.as_slice()).expect("decodes");
+        assert_eq!(letter.stage, "cosmos-writer");
+        assert_eq!(letter.origin, "ops.flights.curated");
+        assert_eq!(letter.input.as_ref().map(|input| input.offset), Some(41));
+        assert_eq!(letter.payload_size, 300_000);
+        assert!(letter.payload_truncated);
+        assert!(letter.payload.iter().all(|&byte| byte == 7));
+    }
 
     #[test]
     fn a_record_near_the_limit_is_truncated_and_says_so() {

@@ -18,5 +18,6 @@ pub mod server;
 pub mod shutdown;
 pub mod stage;
 pub mod telemetry;
+pub mod topology;
 
 pub use error::CommonError;

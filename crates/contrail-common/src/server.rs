@@ -188,10 +188,10 @@ impl Servers {
         shutdown: &Shutdown,
     ) -> Servers {
         let grpc_shutdown = shutdown.clone();
-        let grpc = tokio::spawn(async move {
+        let grpc = shutdown.spawn(async move {
             serve_grpc(listeners.grpc, grpc_routes, serving_names, grpc_shutdown).await
         });
-        let http = tokio::spawn(serve_http(
+        let http = shutdown.spawn(serve_http(
             listeners.http,
             http_routes,
             health.clone(),

@@ -1,6 +1,7 @@
 //! The `main` of every stage binary: load the layered config (exit 2 on a bad value), optionally
 //! print it, start the runtime, telemetry and signal handling, run the stage, and map the outcome
-//! to an exit code. Each stage's `main.rs` is its CLI definition plus one call to [`main`].
+//! to an exit code. Each stage's `main.rs` is its CLI definition plus one call to [`main`]; its
+//! library's `run` begins with a [`StageContext`].
 
 use std::future::Future;
 use std::process::ExitCode;
@@ -8,9 +9,16 @@ use std::process::ExitCode;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::config;
+use crate::CommonError;
+use crate::admin::{AdminControls, StageStatus, StreamAdmin};
+use crate::auth::{AuthConfig, BearerTokens};
+use crate::config::{self, ListenConfig};
+use crate::kafka::KafkaConfig;
+use crate::metrics::MetricsRegistry;
+use crate::server::{Health, Listeners, Servers};
 use crate::shutdown::Shutdown;
 use crate::telemetry::TelemetryConfig;
+use crate::topology::StageSpec;
 
 /// The command-line options every stage binary has (flatten into its `clap` parser).
 #[derive(Debug, clap::Args)]
@@ -79,4 +87,95 @@ where
             }
         }
     })
+}
+
+/// The start-up every stage's `run` shares, in one place: the config validated (a bad value stops
+/// the stage with the message), one metrics registry, the health flags, the operator controls
+/// (pause, resume, drain) and the shutdown. A stage builds its own clients and loops on top.
+pub struct StageContext {
+    /// The stage's name and default ports.
+    pub spec: StageSpec,
+    /// The process's metrics registry (served at `/metrics`).
+    pub registry: MetricsRegistry,
+    /// Liveness and readiness (served at `/healthz` and `/readyz`).
+    pub health: Health,
+    /// Pause, resume and drain for the admin API.
+    pub controls: AdminControls,
+    /// The process shutdown.
+    pub shutdown: Shutdown,
+}
+
+impl StageContext {
+    /// Starts stage `spec` once its config's `validation` passed.
+    pub fn start(
+        spec: StageSpec,
+        validation: Result<(), String>,
+        shutdown: Shutdown,
+    ) -> Result<StageContext, CommonError> {
+        validation.map_err(CommonError::Config)?;
+        let health = Health::new();
+        Ok(StageContext {
+            spec,
+            registry: MetricsRegistry::new(),
+            controls: AdminControls::new(spec.name, health.clone(), shutdown.clone()),
+            health,
+            shutdown,
+        })
+    }
+
+    /// Loads the bearer tokens of `section` (e.g. `auth`); with none configured, warns that
+    /// `guarded` (e.g. "the admin API") accepts unauthenticated requests.
+    pub fn tokens(
+        &self,
+        auth: &AuthConfig,
+        section: &str,
+        guarded: &str,
+    ) -> Result<BearerTokens, CommonError> {
+        let tokens = auth.load()?;
+        if !tokens.enabled() {
+            tracing::warn!(
+                stage = self.spec.name,
+                "no {section}.tokens configured: {guarded} accepts unauthenticated requests"
+            );
+        }
+        Ok(tokens)
+    }
+
+    /// Creates `names` with `partitions` partitions when `create` is set (the stage's
+    /// `topics.create`; off where topics are provisioned, as on Event Hubs).
+    pub async fn create_topics(
+        &self,
+        kafka: &KafkaConfig,
+        create: bool,
+        names: &[&str],
+        partitions: i32,
+    ) -> Result<(), CommonError> {
+        if !create {
+            return Ok(());
+        }
+        crate::kafka::create_topics(kafka, self.spec.name, names, partitions).await
+    }
+
+    /// Binds `listen` and serves the admin API of a stage without checkpoints or key state
+    /// ([`StreamAdmin`]) behind `tokens`, with the probes and metrics; then marks the stage ready.
+    pub async fn serve_stream_admin<S: StageStatus>(
+        &self,
+        listen: &ListenConfig,
+        tokens: &BearerTokens,
+        no_checkpoints: &'static str,
+        status: S,
+    ) -> Result<Servers, CommonError> {
+        let listeners = Listeners::bind(listen).await?;
+        let admin = StreamAdmin::new(no_checkpoints, status, self.controls.clone());
+        Ok(admin.serve(listeners, tokens, self.registry.clone()))
+    }
+
+    /// Runs `body` unless the shutdown comes first (`None` then): for start-up steps that wait on
+    /// an outside service (Cosmos DB, the Delta storage).
+    pub async fn unless_shutdown<T>(&self, body: impl Future<Output = T>) -> Option<T> {
+        tokio::select! {
+            value = body => Some(value),
+            () = self.shutdown.triggered() => None,
+        }
+    }
 }

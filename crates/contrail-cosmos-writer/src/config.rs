@@ -4,6 +4,7 @@ use contrail_common::auth::AuthConfig;
 use contrail_common::config::ListenConfig;
 use contrail_common::kafka::{GroupConfig, KafkaConfig};
 use contrail_common::telemetry::TelemetryConfig;
+use contrail_common::topology::{self, topics};
 use contrail_cosmos::CosmosConfig;
 use serde::{Deserialize, Serialize};
 
@@ -35,7 +36,7 @@ impl Default for CosmosWriterConfig {
     fn default() -> Self {
         CosmosWriterConfig {
             instance: std::env::var("HOSTNAME").unwrap_or_else(|_| "cosmos-writer-0".to_owned()),
-            listen: ListenConfig::on_ports(8082, 9192),
+            listen: ListenConfig::of(topology::COSMOS_WRITER),
             telemetry: TelemetryConfig::default(),
             kafka: KafkaConfig::default(),
             group: GroupConfig::with_id("contrail-cosmos-writer"),
@@ -64,8 +65,8 @@ pub struct TopicsConfig {
 impl Default for TopicsConfig {
     fn default() -> Self {
         TopicsConfig {
-            curated: "ops.flights.curated".to_owned(),
-            dlq: "ops.events.dlq".to_owned(),
+            curated: topics::CURATED.to_owned(),
+            dlq: topics::DLQ.to_owned(),
             create: true,
             partitions: 4,
         }

@@ -1,7 +1,7 @@
 //! Prometheus metrics of cosmos-writer.
 
 use contrail_common::metrics::MetricsRegistry;
-use prometheus::{Counter, Histogram, HistogramOpts, IntCounter, IntCounterVec, Opts};
+use prometheus::{Counter, Histogram, IntCounter, IntCounterVec};
 
 /// The stage's metrics.
 #[derive(Clone)]
@@ -29,61 +29,45 @@ pub struct WriterMetrics {
 impl WriterMetrics {
     /// Creates and registers the metrics.
     pub fn new(registry: &MetricsRegistry) -> WriterMetrics {
-        let counter = |name: &str, help: &str| {
-            let counter = IntCounter::new(name, help).expect("valid metric");
-            registry.register(&counter);
-            counter
-        };
-        let metrics = WriterMetrics {
-            records: counter("contrail_cosmos_writer_records_total", "Curated records consumed"),
-            written: counter(
+        WriterMetrics {
+            records: registry.counter("contrail_cosmos_writer_records_total", "Curated records consumed"),
+            written: registry.counter(
                 "contrail_cosmos_writer_documents_written_total",
                 "Documents created or replaced in Cosmos DB",
             ),
-            stale: counter(
+            stale: registry.counter(
                 "contrail_cosmos_writer_stale_skipped_total",
                 "Writes skipped: the stored document already had the same or a higher version",
             ),
-            coalesced: counter(
+            coalesced: registry.counter(
                 "contrail_cosmos_writer_coalesced_total",
                 "Records not written because a newer version of the flight was in the same batch",
             ),
-            dead_letters: counter(
+            dead_letters: registry.counter(
                 "contrail_cosmos_writer_dead_letters_total",
                 "Records sent to the dead-letter topic",
             ),
-            request_units: Counter::new(
+            request_units: registry.float_counter(
                 "contrail_cosmos_writer_request_units_total",
                 "Request units charged by Cosmos DB",
-            )
-            .expect("valid metric"),
-            retries: IntCounterVec::new(
-                Opts::new(
-                    "contrail_cosmos_writer_retries_total",
-                    "Cosmos DB request retries by cause",
-                ),
+            ),
+            retries: registry.counter_vec(
+                "contrail_cosmos_writer_retries_total",
+                "Cosmos DB request retries by cause",
                 &["cause"],
-            )
-            .expect("valid metric"),
-            write_seconds: Histogram::with_opts(
-                HistogramOpts::new(
-                    "contrail_cosmos_writer_write_seconds",
-                    "Latency of one guarded document write, retries included",
-                )
-                .buckets(vec![
+            ),
+            write_seconds: registry.histogram(
+                "contrail_cosmos_writer_write_seconds",
+                "Latency of one guarded document write, retries included",
+                &[
                     0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0,
-                ]),
-            )
-            .expect("valid metric"),
-            batches: counter(
+                ],
+            ),
+            batches: registry.counter(
                 "contrail_cosmos_writer_batches_total",
                 "Batches written and committed",
             ),
-        };
-        registry.register(&metrics.request_units);
-        registry.register(&metrics.retries);
-        registry.register(&metrics.write_seconds);
-        metrics
+        }
     }
 
     /// Retries of every cause together.

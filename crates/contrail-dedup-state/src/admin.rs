@@ -1,13 +1,11 @@
 //! The admin API of dedup-state (`contrail.admin.v1.AdminService`).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use contrail_common::server::Health;
-use contrail_common::shutdown::Shutdown;
-use contrail_dedup::document::flight_document;
-use contrail_dedup::flight;
+use contrail_common::admin::AdminControls;
+use contrail_flight::document::flight_document;
+use contrail_flight::flight;
 use contrail_proto::admin::v1 as admin;
 use contrail_proto::state::v1::FlightKeyState;
 use contrail_state::checkpoints::CheckpointStore;
@@ -34,18 +32,12 @@ pub struct DedupAdmin {
     pub coordinator: Option<Arc<Coordinator>>,
     /// The checkpoint store.
     pub store: CheckpointStore,
-    /// Pause flag read by the processing thread.
-    pub paused: Arc<AtomicBool>,
-    /// Readiness.
-    pub health: Health,
-    /// Process shutdown (drain).
-    pub shutdown: Shutdown,
+    /// Pause (its flag is read by the processing thread), resume, drain.
+    pub controls: AdminControls,
     /// Metrics.
     pub metrics: DedupMetrics,
     /// The time rules (lateness, TTLs).
-    pub rules: contrail_dedup::flight::Rules,
-    /// Start time.
-    pub started: Instant,
+    pub rules: contrail_flight::flight::Rules,
 }
 
 fn internal(error: impl std::fmt::Display) -> Status {
@@ -112,13 +104,9 @@ impl admin::admin_service_server::AdminService for DedupAdmin {
         ]
         .into_iter()
         .collect();
-        let uptime = self.started.elapsed().as_secs_f64().max(1.0);
-        Ok(Response::new(admin::StatusResponse {
-            stage: "dedup-state".to_owned(),
-            version: env!("CARGO_PKG_VERSION").to_owned(),
+        let uptime = self.controls.uptime_seconds();
+        let mut status = admin::StatusResponse {
             instance: self.instance.clone(),
-            ready: self.health.is_ready(),
-            paused: self.paused.load(Ordering::Relaxed),
             uptime_seconds: uptime as i64,
             partitions,
             counters,
@@ -126,22 +114,21 @@ impl admin::admin_service_server::AdminService for DedupAdmin {
             sources: Vec::new(),
             in_flight: self.shards.unacknowledged() as u64,
             leases: Vec::new(),
-        }))
+            ..admin::StatusResponse::default()
+        };
+        self.controls.stamp(&mut status);
+        Ok(Response::new(status))
     }
 
     async fn pause(&self, _: Request<admin::PauseRequest>) -> Result<Response<admin::PauseResponse>, Status> {
-        self.paused.store(true, Ordering::Relaxed);
-        tracing::info!("paused by admin request");
-        Ok(Response::new(admin::PauseResponse { paused: true }))
+        Ok(self.controls.pause())
     }
 
     async fn resume(
         &self,
         _: Request<admin::ResumeRequest>,
     ) -> Result<Response<admin::ResumeResponse>, Status> {
-        self.paused.store(false, Ordering::Relaxed);
-        tracing::info!("resumed by admin request");
-        Ok(Response::new(admin::ResumeResponse { paused: false }))
+        Ok(self.controls.resume())
     }
 
     async fn trigger_checkpoint(
@@ -291,9 +278,6 @@ impl admin::admin_service_server::AdminService for DedupAdmin {
     }
 
     async fn drain(&self, _: Request<admin::DrainRequest>) -> Result<Response<admin::DrainResponse>, Status> {
-        tracing::info!("drain requested: finishing the batch in flight, committing, leaving the group");
-        self.health.set_ready(false);
-        self.shutdown.trigger();
-        Ok(Response::new(admin::DrainResponse { draining: true }))
+        Ok(self.controls.drain())
     }
 }

@@ -6,7 +6,8 @@ use contrail_common::auth::AuthConfig;
 use contrail_common::config::ListenConfig;
 use contrail_common::kafka::{GroupConfig, KafkaConfig};
 use contrail_common::telemetry::TelemetryConfig;
-use contrail_dedup::flight::Rules;
+use contrail_common::topology::{self, topics};
+use contrail_flight::flight::Rules;
 use serde::{Deserialize, Serialize};
 
 /// Everything the dedup-state stage can be told.
@@ -45,7 +46,7 @@ impl Default for DedupStateConfig {
     fn default() -> Self {
         DedupStateConfig {
             instance: std::env::var("HOSTNAME").unwrap_or_else(|_| "dedup-state-0".to_owned()),
-            listen: ListenConfig::on_ports(8081, 9091),
+            listen: ListenConfig::of(topology::DEDUP_STATE),
             telemetry: TelemetryConfig::default(),
             kafka: KafkaConfig::default(),
             topics: TopicsConfig::default(),
@@ -85,12 +86,12 @@ pub struct TopicsConfig {
 impl Default for TopicsConfig {
     fn default() -> Self {
         TopicsConfig {
-            raw: "ops.events.raw".to_owned(),
-            curated: "ops.flights.curated".to_owned(),
-            accepted: "ops.events.accepted".to_owned(),
-            late: "ops.events.late".to_owned(),
-            alerts: "ops.alerts".to_owned(),
-            dlq: "ops.events.dlq".to_owned(),
+            raw: topics::RAW.to_owned(),
+            curated: topics::CURATED.to_owned(),
+            accepted: topics::ACCEPTED.to_owned(),
+            late: topics::LATE.to_owned(),
+            alerts: topics::ALERTS.to_owned(),
+            dlq: topics::DLQ.to_owned(),
             create: true,
             partitions: 4,
         }

@@ -23,11 +23,12 @@ pub mod worker;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use contrail_common::metrics::MetricsRegistry;
-use contrail_common::server::{self, Health};
+use contrail_common::server;
 use contrail_common::shutdown::Shutdown;
+use contrail_common::stage::StageContext;
+use contrail_common::topology;
 use contrail_proto::admin::v1::admin_service_server::AdminServiceServer;
 use contrail_proto::control::v1::checkpoint_control_server::CheckpointControlServer;
 use contrail_state::checkpoints::CheckpointStore;
@@ -62,24 +63,15 @@ pub fn consumer_config(config: &DedupStateConfig) -> Result<ClientConfig, DedupS
 
 /// Runs the stage until `shutdown`.
 pub async fn run(config: DedupStateConfig, shutdown: Shutdown) -> Result<(), DedupStateError> {
-    config
-        .validate()
-        .map_err(|message| DedupStateError::Common(contrail_common::CommonError::Config(message)))?;
-    let started = Instant::now();
-    let registry = MetricsRegistry::new();
-    let metrics = metrics::DedupMetrics::new(&registry);
-    let health = Health::new();
-    let tokens = config.auth.load()?;
-    if !tokens.enabled() {
-        tracing::warn!(
-            "no auth.tokens configured: the admin and control APIs accept unauthenticated requests"
-        );
-    }
-    if config.topics.create {
-        let t = &config.topics;
-        let names = [&t.raw, &t.curated, &t.accepted, &t.late, &t.alerts, &t.dlq].map(String::as_str);
-        contrail_common::kafka::create_topics(&config.kafka, "dedup-state", &names, t.partitions).await?;
-    }
+    let stage = StageContext::start(topology::DEDUP_STATE, config.validate(), shutdown)?;
+    let metrics = metrics::DedupMetrics::new(&stage.registry);
+    let tokens = stage.tokens(&config.auth, "auth", "the admin and control APIs")?;
+    let t = &config.topics;
+    let names = [&t.raw, &t.curated, &t.accepted, &t.late, &t.alerts, &t.dlq].map(String::as_str);
+    stage
+        .create_topics(&config.kafka, t.create, &names, t.partitions)
+        .await?;
+    let (health, shutdown) = (stage.health.clone(), stage.shutdown.clone());
     let store = CheckpointStore::local(&config.checkpoint_dir())?;
 
     let (delivery_sender, delivery_receiver) = std::sync::mpsc::channel();
@@ -151,7 +143,7 @@ pub async fn run(config: DedupStateConfig, shutdown: Shutdown) -> Result<(), Ded
         None
     };
 
-    let paused = Arc::new(AtomicBool::new(false));
+    let paused = stage.controls.pause_flag();
     let admin = admin::DedupAdmin {
         instance: config.instance.clone(),
         input_topic: config.topics.raw.clone(),
@@ -159,12 +151,9 @@ pub async fn run(config: DedupStateConfig, shutdown: Shutdown) -> Result<(), Ded
         watermarks: watermarks.clone(),
         coordinator: coordinator.clone(),
         store: store.clone(),
-        paused: paused.clone(),
-        health: health.clone(),
-        shutdown: shutdown.clone(),
+        controls: stage.controls.clone(),
         metrics: metrics.clone(),
         rules: config.rules.rules(),
-        started,
     };
     let control = ControlServer::new(config.instance.clone(), command_sender, store.clone());
     let routes = tonic::service::Routes::new(AdminServiceServer::with_interceptor(
@@ -184,14 +173,14 @@ pub async fn run(config: DedupStateConfig, shutdown: Shutdown) -> Result<(), Ded
             "contrail.control.v1.CheckpointControl",
         ],
         &health,
-        registry,
+        stage.registry.clone(),
         &shutdown,
     );
 
     if let Some(coordinator) = &coordinator
         && config.checkpoint.interval_ms > 0
     {
-        tokio::spawn(coordinator.clone().run(
+        shutdown.spawn(coordinator.clone().run(
             Duration::from_millis(config.checkpoint.interval_ms),
             shutdown.token().clone(),
         ));

@@ -1,7 +1,7 @@
 //! Every metric of the dedup-state stage, with stable names.
 
 use contrail_common::metrics::MetricsRegistry;
-use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts};
+use prometheus::{Histogram, IntCounter, IntCounterVec, IntGauge, IntGaugeVec};
 
 /// The dedup-state stage's metrics.
 #[derive(Clone)]
@@ -37,88 +37,56 @@ pub struct DedupMetrics {
 impl DedupMetrics {
     /// Creates and registers the metrics.
     pub fn new(registry: &MetricsRegistry) -> DedupMetrics {
-        let metrics = DedupMetrics {
-            records: IntCounter::new("contrail_dedup_records_total", "Input records processed")
-                .expect("static metric"),
-            verdicts: IntCounterVec::new(
-                Opts::new(
-                    "contrail_dedup_events_total",
-                    "Events by verdict: accepted, duplicate, late, invalid",
-                ),
+        DedupMetrics {
+            records: registry.counter("contrail_dedup_records_total", "Input records processed"),
+            verdicts: registry.counter_vec(
+                "contrail_dedup_events_total",
+                "Events by verdict: accepted, duplicate, late, invalid",
                 &["verdict"],
-            )
-            .expect("static metric"),
-            timers_fired: IntCounter::new("contrail_dedup_timers_fired_total", "User timers fired")
-                .expect("static metric"),
-            evicted: IntCounter::new("contrail_dedup_evicted_total", "State entries evicted by TTL")
-                .expect("static metric"),
-            commits: IntCounter::new(
+            ),
+            timers_fired: registry.counter("contrail_dedup_timers_fired_total", "User timers fired"),
+            evicted: registry.counter("contrail_dedup_evicted_total", "State entries evicted by TTL"),
+            commits: registry.counter(
                 "contrail_dedup_commits_total",
                 "Micro-batches committed per shard",
-            )
-            .expect("static metric"),
-            commit_seconds: Histogram::with_opts(
-                HistogramOpts::new(
-                    "contrail_dedup_commit_seconds",
-                    "Process + commit time of one shard batch",
-                )
-                .buckets(vec![
-                    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
-                ]),
-            )
-            .expect("static metric"),
-            outbox_pending: IntGauge::new(
+            ),
+            commit_seconds: registry.histogram(
+                "contrail_dedup_commit_seconds",
+                "Process + commit time of one shard batch",
+                &[0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0],
+            ),
+            outbox_pending: registry.gauge(
                 "contrail_dedup_outbox_pending",
                 "Outputs committed but not yet acknowledged by the broker",
-            )
-            .expect("static metric"),
-            outputs_resent: IntCounter::new(
+            ),
+            outputs_resent: registry.counter(
                 "contrail_dedup_outputs_resent_total",
                 "Outputs re-sent from the outbox",
-            )
-            .expect("static metric"),
-            state_bytes: IntGaugeVec::new(
-                Opts::new(
-                    "contrail_dedup_state_bytes",
-                    "Approximate RocksDB bytes per shard",
-                ),
+            ),
+            state_bytes: registry.gauge_vec(
+                "contrail_dedup_state_bytes",
+                "Approximate RocksDB bytes per shard",
                 &["partition"],
-            )
-            .expect("static metric"),
-            shard_offset: IntGaugeVec::new(
-                Opts::new("contrail_dedup_shard_next_offset", "Next input offset per shard"),
+            ),
+            shard_offset: registry.gauge_vec(
+                "contrail_dedup_shard_next_offset",
+                "Next input offset per shard",
                 &["partition"],
-            )
-            .expect("static metric"),
-            checkpoints: IntCounterVec::new(
-                Opts::new("contrail_dedup_checkpoints_total", "Checkpoint rounds by outcome"),
+            ),
+            checkpoints: registry.counter_vec(
+                "contrail_dedup_checkpoints_total",
+                "Checkpoint rounds by outcome",
                 &["outcome"],
-            )
-            .expect("static metric"),
-            checkpoint_seconds: Histogram::with_opts(
-                HistogramOpts::new("contrail_dedup_checkpoint_seconds", "Checkpoint round duration")
-                    .buckets(vec![0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]),
-            )
-            .expect("static metric"),
-            restores: IntCounter::new(
+            ),
+            checkpoint_seconds: registry.histogram(
+                "contrail_dedup_checkpoint_seconds",
+                "Checkpoint round duration",
+                &[0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0],
+            ),
+            restores: registry.counter(
                 "contrail_dedup_restores_total",
                 "Shards restored from the checkpoint store",
-            )
-            .expect("static metric"),
-        };
-        registry.register(&metrics.records);
-        registry.register(&metrics.verdicts);
-        registry.register(&metrics.timers_fired);
-        registry.register(&metrics.evicted);
-        registry.register(&metrics.commits);
-        registry.register(&metrics.commit_seconds);
-        registry.register(&metrics.outbox_pending);
-        registry.register(&metrics.outputs_resent);
-        registry.register(&metrics.state_bytes);
-        registry.register(&metrics.shard_offset);
-        registry.register(&metrics.checkpoints);
-        registry.register(&metrics.checkpoint_seconds);
-        registry.register(&metrics.restores);
-        metrics
+            ),
+        }
     }
 }

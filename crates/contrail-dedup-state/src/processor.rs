@@ -2,14 +2,15 @@
 //! `FlightKeyState` (value state kept until `dedup_ttl` after the flight's last event; from
 //! `state_ttl` on it is the flight's tombstone, see [`flight::is_tombstone`]), the dedup entries of accepted event ids (dedup
 //! TTL) and the DEPARTURE_OVERDUE event-time timer; per record it decides duplicate / late / accepted
-//! with the pure [`contrail_dedup::flight::decide`] and emits the outputs.
+//! with the pure [`contrail_flight::flight::decide`] and emits the outputs.
 //!
 //! Everything emitted is a function of the input alone (no wall clock), so reprocessing after a
 //! crash or a restore regenerates byte-identical outputs.
 
-use contrail_dedup::flight::{self, LateReason, Rules, Verdict};
+use contrail_common::dead_letter::Unprocessable;
+use contrail_flight::flight::{self, LateReason, Rules, Verdict};
 use contrail_proto::state::v1::FlightKeyState;
-use contrail_proto::v1::{Alert, DeadLetter, OperationalEvent, SourcePosition};
+use contrail_proto::v1::{Alert, OperationalEvent, SourcePosition};
 use contrail_state::{InputRecord, KeyContext, StateError, StatefulProcessor, TimeDomain, Timer};
 use prost::Message;
 
@@ -69,22 +70,15 @@ impl FlightProcessor {
     fn dead_letter(&self, context: &mut KeyContext<'_>, record: &InputRecord<'_>, reason: String) {
         self.count("invalid");
         tracing::warn!(partition = self.partition, offset = record.offset, %reason, "undecodable input record to the dead-letter topic");
-        let mut letter = DeadLetter {
-            stage: "dedup-state".to_owned(),
-            reason,
-            errors: Vec::new(),
-            payload: record.payload.to_vec(),
+        let rejected = Unprocessable {
+            position: self.position(record.offset),
+            key: record.key,
+            payload: record.payload,
             content_type: "application/x-protobuf; contrail.v1.OperationalEvent".to_owned(),
-            record_index: 0,
-            origin: self.topics.raw.clone(),
-            // Deterministic outputs: no wall clock. The input position identifies the record.
-            rejected_at_us: 0,
-            input: Some(self.position(record.offset)),
-            ..DeadLetter::default()
         };
-        let key = record.key.to_vec();
-        contrail_common::dead_letter::fit(&mut letter, key.len(), self.max_message_bytes);
-        context.emit(&self.topics.dlq, &key, letter.encode_to_vec());
+        // Deterministic outputs: no wall clock. The input position identifies the record.
+        let letter = rejected.dead_letter("dedup-state", reason, 0, self.max_message_bytes);
+        context.emit(&self.topics.dlq, record.key, letter);
     }
 
     fn position(&self, offset: i64) -> SourcePosition {
@@ -235,6 +229,7 @@ impl StatefulProcessor for FlightProcessor {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use contrail_proto::v1::DeadLetter;
     use contrail_state::{EngineConfig, Shard};
     use proptest::prelude::*;
 

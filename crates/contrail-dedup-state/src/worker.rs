@@ -37,7 +37,7 @@ use tokio::sync::oneshot;
 use crate::error::DedupStateError;
 use crate::metrics::DedupMetrics;
 use crate::processor::{FlightProcessor, INVALID_KEY, OutputTopics};
-use contrail_dedup::flight::Rules;
+use contrail_flight::flight::Rules;
 
 /// One delivery report of an output.
 #[derive(Debug)]

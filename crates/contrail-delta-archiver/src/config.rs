@@ -7,6 +7,7 @@ use contrail_common::auth::AuthConfig;
 use contrail_common::config::{ListenConfig, Secret};
 use contrail_common::kafka::{GroupConfig, KafkaConfig};
 use contrail_common::telemetry::TelemetryConfig;
+use contrail_common::topology::{self, topics};
 use serde::{Deserialize, Serialize};
 
 use crate::progress::Thresholds;
@@ -49,7 +50,7 @@ impl Default for DeltaArchiverConfig {
         DeltaArchiverConfig {
             instance: std::env::var("HOSTNAME").unwrap_or_else(|_| "delta-archiver-0".to_owned()),
             delta_root: "data/delta".to_owned(),
-            listen: ListenConfig::on_ports(8084, 9194),
+            listen: ListenConfig::of(topology::DELTA_ARCHIVER),
             telemetry: TelemetryConfig::default(),
             kafka: KafkaConfig::default(),
             group: GroupConfig::with_id("contrail-delta-archiver"),
@@ -86,11 +87,11 @@ pub struct TopicsConfig {
 impl Default for TopicsConfig {
     fn default() -> Self {
         TopicsConfig {
-            accepted: "ops.events.accepted".to_owned(),
-            curated: "ops.flights.curated".to_owned(),
-            late: "ops.events.late".to_owned(),
-            changes: "ops.flights.changes".to_owned(),
-            dlq: "ops.events.dlq".to_owned(),
+            accepted: topics::ACCEPTED.to_owned(),
+            curated: topics::CURATED.to_owned(),
+            late: topics::LATE.to_owned(),
+            changes: topics::CHANGES.to_owned(),
+            dlq: topics::DLQ.to_owned(),
             create: true,
             partitions: 4,
         }

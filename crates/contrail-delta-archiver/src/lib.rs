@@ -29,158 +29,59 @@
 //! `add` with `dataChange = false`), so the stage needs no DataFusion.
 
 pub mod applied;
+mod archiver;
 pub mod config;
+mod consumer;
 pub mod error;
 pub mod maintenance;
 pub mod metrics;
 pub mod progress;
 pub mod row;
+mod status;
 pub mod table;
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use contrail_common::admin::{StageStatus, StreamAdmin};
 use contrail_common::metrics::MetricsRegistry;
-use contrail_common::server::{self, Health};
 use contrail_common::shutdown::Shutdown;
-use contrail_proto::admin::v1 as admin;
-use contrail_proto::v1::{DeadLetter, SourcePosition};
-use prost::Message as _;
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer};
-use rdkafka::message::{Message, OwnedMessage};
-use rdkafka::producer::{FutureProducer, FutureRecord};
-use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use contrail_common::stage::StageContext;
+use contrail_common::topology;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::producer::FutureProducer;
 
 pub use config::DeltaArchiverConfig;
 pub use error::DeltaArchiverError;
 
-use crate::applied::{AppliedPositions, Decision};
+use crate::archiver::{Archiver, open_tables};
+use crate::consumer::{ArchiverConsumer, ArchiverContext, RebalanceEvent};
 use crate::metrics::ArchiverMetrics;
-use crate::progress::{FlushReason, Placement};
-use crate::row::{KafkaPosition, Row};
-use crate::table::{CommitOutcome, Tables, TxnUpdate};
-use contrail_history::Table;
-
-/// A `(topic, partition)`.
-type TopicPartition = (Arc<str>, i32);
-
-/// Rebalances seen by the consumer, handled by the loop before its next record.
-#[derive(Debug)]
-enum RebalanceEvent {
-    Assigned(Vec<(String, i32)>),
-    Revoked(Vec<(String, i32)>),
-}
-
-/// The consumer context: records rebalances for the loop (callbacks must return quickly).
-struct ArchiverContext {
-    events: Arc<Mutex<Vec<RebalanceEvent>>>,
-}
-
-impl ClientContext for ArchiverContext {}
-
-impl ConsumerContext for ArchiverContext {
-    fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
-        let list = |partitions: &TopicPartitionList| {
-            partitions
-                .elements()
-                .iter()
-                .map(|element| (element.topic().to_owned(), element.partition()))
-                .collect::<Vec<_>>()
-        };
-        let event = match rebalance {
-            Rebalance::Assign(partitions) => RebalanceEvent::Assigned(list(partitions)),
-            Rebalance::Revoke(partitions) => RebalanceEvent::Revoked(list(partitions)),
-            Rebalance::Error(error) => {
-                tracing::warn!(%error, "rebalance error");
-                return;
-            }
-        };
-        tracing::info!(?event, "rebalance");
-        if let Ok(mut events) = self.events.lock() {
-            events.push(event);
-        }
-    }
-}
-
-type ArchiverConsumer = StreamConsumer<ArchiverContext>;
-
-/// Next offset to archive per partition, as last committed to Delta (for status and lag).
-type Positions = Arc<Mutex<BTreeMap<(String, i32), i64>>>;
-
-/// One source partition this instance is archiving.
-struct PartitionProgress {
-    table: Table,
-    app_id: String,
-    /// The version stored in the table (the fence's expectation).
-    committed: Option<i64>,
-    /// The next offset to take.
-    next: i64,
-    /// The consumer was sought to `next`.
-    sought: bool,
-    /// The highest position applied per origin (stored, and raised by the batch in flight).
-    applied: AppliedPositions,
-    /// Rows taken into the current batch.
-    rows: Vec<Row>,
-    /// Records of the current batch for the dead-letter topic, with the reason.
-    dead: Vec<(OwnedMessage, String)>,
-    /// Last offset taken into the current batch.
-    last: Option<i64>,
-}
+use crate::status::{ArchiverStatus, Positions, update_lag};
+use crate::table::Tables;
 
 /// Runs the stage until `shutdown`.
 pub async fn run(config: DeltaArchiverConfig, shutdown: Shutdown) -> Result<(), DeltaArchiverError> {
-    config
-        .validate()
-        .map_err(|message| DeltaArchiverError::Common(contrail_common::CommonError::Config(message)))?;
-    let started = Instant::now();
-    let registry = MetricsRegistry::new();
-    let metrics = ArchiverMetrics::new(&registry);
-    let health = Health::new();
-    let tokens = config.auth.load()?;
-    if !tokens.enabled() {
-        tracing::warn!("no auth.tokens configured: the admin API accepts unauthenticated requests");
-    }
+    let stage = StageContext::start(topology::DELTA_ARCHIVER, config.validate(), shutdown)?;
+    let metrics = ArchiverMetrics::new(&stage.registry);
+    let tokens = stage.tokens(&config.auth, "auth", "the admin API")?;
     let tables_and_topics = config.topics.tables();
-    if config.topics.create {
-        let mut names: Vec<&str> = tables_and_topics
-            .iter()
-            .map(|(_, topic)| topic.as_str())
-            .collect();
-        names.push(config.topics.dlq.as_str());
-        contrail_common::kafka::create_topics(
+    let topic_names: Vec<&str> = tables_and_topics
+        .iter()
+        .map(|(_, topic)| topic.as_str())
+        .collect();
+    let mut created = topic_names.clone();
+    created.push(config.topics.dlq.as_str());
+    stage
+        .create_topics(
             &config.kafka,
-            "delta-archiver",
-            &names,
+            config.topics.create,
+            &created,
             config.topics.partitions,
         )
         .await?;
-    }
-    let tables = {
-        let mut refused: u32 = 0;
-        loop {
-            let opened = tokio::select! {
-                opened = Tables::open(&config) => opened,
-                () = shutdown.triggered() => return Ok(()),
-            };
-            match opened {
-                Ok(tables) => break tables,
-                Err(error) => match error.storage_access_refused() {
-                    Some(message) => {
-                        let delay = outage_delay(refused);
-                        refused = refused.saturating_add(1);
-                        tracing::error!(root = %config.delta_root, %message, hint = error::STORAGE_ACCESS_HINT, retry_in_ms = delay.as_millis() as u64, "the storage refuses access to the Delta tables; waiting for it to be fixed");
-                        tokio::select! {
-                            () = tokio::time::sleep(delay) => {}
-                            () = shutdown.triggered() => return Ok(()),
-                        }
-                    }
-                    None => return Err(error),
-                },
-            }
-        }
+    let Some(tables) = open_tables(&config, &stage.shutdown).await? else {
+        return Ok(());
     };
     tracing::info!(root = %tables.root(), tables = tables_and_topics.len(), "Delta tables open");
 
@@ -194,42 +95,36 @@ pub async fn run(config: DeltaArchiverConfig, shutdown: Shutdown) -> Result<(), 
             })
             .map_err(|error| DeltaArchiverError::Broker(format!("consumer: {error}")))?,
     );
-    let topic_names: Vec<&str> = tables_and_topics
-        .iter()
-        .map(|(_, topic)| topic.as_str())
-        .collect();
     consumer
         .subscribe(&topic_names)
         .map_err(|error| DeltaArchiverError::Broker(format!("subscribe {topic_names:?}: {error}")))?;
     let watermarks: Arc<BaseConsumer> = Arc::new(config.kafka.watermark_client("delta-archiver")?);
     let dlq = producer(&config)?;
     let positions: Positions = Arc::default();
-    let paused = Arc::new(AtomicBool::new(false));
 
-    let listeners = server::Listeners::bind(&config.listen).await?;
-    let admin = StreamAdmin::new(
-        "delta-archiver",
-        "delta-archiver keeps no checkpoints or key state: its progress is the txn versions \
-         stored in the Delta tables themselves",
-        ArchiverStatus {
-            instance: config.instance.clone(),
-            watermarks: watermarks.clone(),
-            positions: positions.clone(),
-            metrics: metrics.clone(),
-            started,
-        },
-        paused.clone(),
-        health.clone(),
-        shutdown.clone(),
-    );
-    let servers = admin.serve(listeners, &tokens, registry);
-    let lag_task = tokio::spawn(update_lag(
+    let status = ArchiverStatus {
+        instance: config.instance.clone(),
+        watermarks: watermarks.clone(),
+        positions: positions.clone(),
+        metrics: metrics.clone(),
+        uptime: stage.controls.clone(),
+    };
+    let servers = stage
+        .serve_stream_admin(
+            &config.listen,
+            &tokens,
+            "delta-archiver keeps no checkpoints or key state: its progress is the txn versions \
+             stored in the Delta tables themselves",
+            status,
+        )
+        .await?;
+    stage.shutdown.spawn(update_lag(
         watermarks.clone(),
         positions.clone(),
         metrics.clone(),
-        shutdown.clone(),
+        stage.shutdown.clone(),
     ));
-    health.set_ready(true);
+    stage.health.set_ready(true);
     tracing::info!(instance = %config.instance, root = %config.delta_root, "delta-archiver running");
 
     let mut archiver = Archiver {
@@ -251,14 +146,13 @@ pub async fn run(config: DeltaArchiverConfig, shutdown: Shutdown) -> Result<(), 
         batch_bytes: 0,
         batch_started: None,
         last_maintenance: Instant::now(),
-        health: &health,
+        health: &stage.health,
         outage: false,
     };
-    let result = archiver.run(&paused, &shutdown).await;
-    health.set_ready(false);
-    shutdown.trigger();
+    let result = archiver.run(&stage.controls.pause_flag(), &stage.shutdown).await;
+    stage.health.set_ready(false);
+    stage.shutdown.trigger();
     consumer.unsubscribe();
-    lag_task.abort();
     servers.join().await;
     result
 }
@@ -296,628 +190,4 @@ fn producer(config: &DeltaArchiverConfig) -> Result<FutureProducer, DeltaArchive
         .producer_config("delta-archiver")?
         .create()
         .map_err(|error| DeltaArchiverError::Broker(format!("producer: {error}")))
-}
-
-/// `(topic, partition, next offset committed to Delta, high watermark or -1)` of every partition
-/// this instance has a position for. Blocking (asks the broker): call off the async workers.
-fn partition_positions(watermarks: &BaseConsumer, positions: &Positions) -> Vec<(String, i32, i64, i64)> {
-    let snapshot: Vec<((String, i32), i64)> = positions
-        .lock()
-        .map(|positions| positions.iter().map(|(k, v)| (k.clone(), *v)).collect())
-        .unwrap_or_default();
-    snapshot
-        .into_iter()
-        .map(|((topic, partition), next)| {
-            let high = watermarks
-                .fetch_watermarks(&topic, partition, Duration::from_secs(2))
-                .map(|(_, high)| high)
-                .unwrap_or(-1);
-            (topic, partition, next, high)
-        })
-        .collect()
-}
-
-async fn update_lag(
-    watermarks: Arc<BaseConsumer>,
-    positions: Positions,
-    metrics: ArchiverMetrics,
-    shutdown: Shutdown,
-) {
-    loop {
-        tokio::select! {
-            () = shutdown.triggered() => return,
-            () = tokio::time::sleep(Duration::from_secs(10)) => {}
-        }
-        let (watermarks, positions) = (watermarks.clone(), positions.clone());
-        let lags = tokio::task::spawn_blocking(move || partition_positions(&watermarks, &positions))
-            .await
-            .unwrap_or_default();
-        for (topic, partition, next, high) in lags {
-            let lag = contrail_common::kafka::partition_lag(high, next);
-            metrics
-                .lag
-                .with_label_values(&[topic.as_str(), partition.to_string().as_str()])
-                .set(lag);
-        }
-    }
-}
-
-struct ArchiverStatus {
-    instance: String,
-    watermarks: Arc<BaseConsumer>,
-    positions: Positions,
-    metrics: ArchiverMetrics,
-    started: Instant,
-}
-
-#[tonic::async_trait]
-impl StageStatus for ArchiverStatus {
-    async fn status(&self) -> Result<admin::StatusResponse, tonic::Status> {
-        let (watermarks, positions) = (self.watermarks.clone(), self.positions.clone());
-        let partitions = tokio::task::spawn_blocking(move || partition_positions(&watermarks, &positions))
-            .await
-            .map_err(|error| tonic::Status::internal(error.to_string()))?
-            .into_iter()
-            .map(|(topic, partition, next, high)| admin::PartitionStatus {
-                topic,
-                partition,
-                committed_offset: next,
-                high_watermark: high,
-                lag: contrail_common::kafka::partition_lag(high, next),
-                state_bytes: 0,
-            })
-            .collect();
-        let m = &self.metrics;
-        let sum = |vec: &prometheus::IntCounterVec| -> f64 {
-            Table::ALL
-                .iter()
-                .map(|table| vec.with_label_values(&[table.name()]).get() as f64)
-                .sum()
-        };
-        let mut counters: HashMap<String, f64> = [
-            ("records_total", sum(&m.records)),
-            ("rows_total", sum(&m.rows)),
-            ("duplicates_total", sum(&m.duplicates)),
-            ("dead_letters_total", sum(&m.dead_letters)),
-            ("commits_total", sum(&m.commits)),
-            ("files_total", sum(&m.files)),
-            ("bytes_total", sum(&m.bytes)),
-            ("fenced_total", sum(&m.fenced)),
-        ]
-        .into_iter()
-        .map(|(name, value)| (name.to_owned(), value))
-        .collect();
-        for table in Table::ALL {
-            counters.insert(
-                format!("{}_rows_total", table.name()),
-                m.rows.with_label_values(&[table.name()]).get() as f64,
-            );
-        }
-        let uptime = self.started.elapsed().as_secs_f64().max(1.0);
-        Ok(admin::StatusResponse {
-            instance: self.instance.clone(),
-            uptime_seconds: uptime as i64,
-            partitions,
-            events_per_second: sum(&m.records) / uptime,
-            counters,
-            ..admin::StatusResponse::default()
-        })
-    }
-}
-
-struct Archiver<'a> {
-    config: &'a DeltaArchiverConfig,
-    topics: HashMap<String, Table>,
-    consumer: &'a ArchiverConsumer,
-    events: &'a Mutex<Vec<RebalanceEvent>>,
-    watermarks: &'a BaseConsumer,
-    dlq: &'a FutureProducer,
-    tables: Tables,
-    metrics: &'a ArchiverMetrics,
-    positions: &'a Positions,
-    partitions: HashMap<TopicPartition, PartitionProgress>,
-    /// Assigned partitions not started yet.
-    to_start: Vec<TopicPartition>,
-    batch_records: usize,
-    batch_bytes: usize,
-    batch_started: Option<Instant>,
-    last_maintenance: Instant,
-    health: &'a Health,
-    /// The storage refused access and nothing succeeded since.
-    outage: bool,
-}
-
-/// How long to wait before trying storage again during an access outage: 1 s doubling to 30 s.
-fn outage_delay(attempt: u32) -> Duration {
-    Duration::from_secs(1u64 << attempt.min(5)).min(Duration::from_secs(30))
-}
-
-impl Archiver<'_> {
-    /// Archives until `shutdown`. Refused storage access (a rotated key, a missing role) is an
-    /// outage, not a fault of the records: not ready, an error saying what to fix, the batch in
-    /// flight dropped (nothing of it was committed) and every partition read again from its
-    /// table position once the storage answers — no record is committed or dead-lettered past it.
-    async fn run(&mut self, paused: &AtomicBool, shutdown: &Shutdown) -> Result<(), DeltaArchiverError> {
-        let mut refused: u32 = 0;
-        loop {
-            let Err(error) = self.archive(paused, shutdown).await else {
-                return Ok(());
-            };
-            let Some(message) = error.storage_access_refused() else {
-                return Err(error);
-            };
-            let delay = outage_delay(refused);
-            refused = refused.saturating_add(1);
-            self.health.set_ready(false);
-            self.outage = true;
-            tracing::error!(root = %self.config.delta_root, %message, hint = error::STORAGE_ACCESS_HINT, retry_in_ms = delay.as_millis() as u64, "the storage refuses access: nothing is committed or dead-lettered until it is fixed");
-            let owned: Vec<TopicPartition> = self.partitions.keys().cloned().collect();
-            for key in owned {
-                if let Some(progress) = self.partitions.remove(&key) {
-                    self.forget_batch_share(&progress);
-                }
-                self.to_start.push(key);
-            }
-            tokio::select! {
-                () = tokio::time::sleep(delay) => {}
-                () = shutdown.triggered() => return Ok(()),
-            }
-        }
-    }
-
-    /// A commit or a partition start succeeded: an access outage, if any, is over.
-    fn storage_answers(&mut self) {
-        if self.outage {
-            self.outage = false;
-            self.health.set_ready(true);
-            tracing::info!("the storage accepts the credentials again; archiving");
-        }
-    }
-
-    async fn archive(&mut self, paused: &AtomicBool, shutdown: &Shutdown) -> Result<(), DeltaArchiverError> {
-        let thresholds = self.config.batch.thresholds();
-        loop {
-            self.handle_rebalances();
-            self.start_assigned().await?;
-            let age = self.batch_started.map(|t| t.elapsed()).unwrap_or_default();
-            if shutdown.is_triggered() {
-                if self.batch_records > 0 {
-                    tracing::info!(
-                        records = self.batch_records,
-                        "stopping: committing the batch in flight"
-                    );
-                    self.flush(FlushReason::Stopping).await?;
-                }
-                return Ok(());
-            }
-            if let Some(reason) = progress::flush_due(&thresholds, self.batch_records, self.batch_bytes, age)
-            {
-                self.flush(reason).await?;
-                self.maybe_maintain().await?;
-                continue;
-            }
-            if paused.load(Ordering::Relaxed) {
-                tokio::select! {
-                    () = shutdown.triggered() => {}
-                    () = tokio::time::sleep(Duration::from_millis(200)) => {}
-                }
-                continue;
-            }
-            let wait = if self.batch_records > 0 {
-                thresholds.max_latency.saturating_sub(age)
-            } else {
-                Duration::from_secs(1)
-            };
-            let received = tokio::select! {
-                () = shutdown.triggered() => continue,
-                received = tokio::time::timeout(wait, self.consumer.recv()) => received,
-            };
-            match received {
-                Err(_) => {
-                    if self.batch_records == 0 {
-                        self.maybe_maintain().await?;
-                    }
-                }
-                Ok(Err(error)) => {
-                    tracing::warn!(%error, "consumer error");
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
-                Ok(Ok(message)) => {
-                    let message = message.detach();
-                    self.handle_rebalances();
-                    let started = self.start_assigned().await?;
-                    let key: TopicPartition = (Arc::from(message.topic()), message.partition());
-                    if started.contains(&key)
-                        && let Some(progress) = self.partitions.get_mut(&key)
-                    {
-                        // This record was fetched before the seek: judge it as unsought.
-                        progress.sought = false;
-                    }
-                    self.take(message).await?;
-                }
-            }
-        }
-    }
-
-    /// Forgets partitions that were revoked or (re-)assigned: their uncommitted rows are dropped.
-    /// Assigned partitions are queued to be started from their table position.
-    fn handle_rebalances(&mut self) {
-        let events = match self.events.lock() {
-            Ok(mut events) => std::mem::take(&mut *events),
-            Err(_) => return,
-        };
-        for event in events {
-            let (RebalanceEvent::Assigned(list) | RebalanceEvent::Revoked(list)) = &event;
-            for (topic, partition) in list {
-                let key: TopicPartition = (Arc::from(topic.as_str()), *partition);
-                if let Some(progress) = self.partitions.remove(&key) {
-                    self.forget_batch_share(&progress);
-                }
-                match event {
-                    RebalanceEvent::Revoked(_) => {
-                        self.to_start.retain(|queued| *queued != key);
-                        if let Ok(mut positions) = self.positions.lock() {
-                            positions.remove(&(topic.clone(), *partition));
-                        }
-                    }
-                    RebalanceEvent::Assigned(_) => self.to_start.push(key),
-                }
-            }
-        }
-    }
-
-    /// Starts queued partitions: reads each one's table position and seeks the consumer there,
-    /// so every owned partition reports its position (and resumes correctly) even before, or
-    /// without, a new record.
-    async fn start_assigned(&mut self) -> Result<Vec<TopicPartition>, DeltaArchiverError> {
-        let mut started = Vec::new();
-        while let Some(key) = self.to_start.pop() {
-            if self.partitions.contains_key(&key) {
-                continue;
-            }
-            let Some(table) = self.topics.get(&*key.0).copied() else {
-                continue;
-            };
-            self.start_and_seek(table, &key).await?;
-            started.push(key);
-        }
-        if !started.is_empty() {
-            self.storage_answers();
-        }
-        Ok(started)
-    }
-
-    fn forget_batch_share(&mut self, progress: &PartitionProgress) {
-        let records = progress.rows.len() + progress.dead.len();
-        let bytes: usize = progress.rows.iter().map(Row::weight).sum();
-        self.batch_records = self.batch_records.saturating_sub(records);
-        self.batch_bytes = self.batch_bytes.saturating_sub(bytes);
-        if self.batch_records == 0 {
-            self.batch_started = None;
-        }
-    }
-
-    async fn take(&mut self, message: OwnedMessage) -> Result<(), DeltaArchiverError> {
-        let topic: Arc<str> = Arc::from(message.topic());
-        let partition = message.partition();
-        let offset = message.offset();
-        let Some(table) = self.topics.get(message.topic()).copied() else {
-            return Ok(());
-        };
-        let key = (topic.clone(), partition);
-        if !self.partitions.contains_key(&key) {
-            let progress = self.start_partition(table, &topic, partition).await?;
-            self.partitions.insert(key.clone(), progress);
-        }
-        let consumer = self.consumer;
-        let Some(progress) = self.partitions.get_mut(&key) else {
-            return Ok(());
-        };
-        match progress::place(progress.next, offset, progress.sought) {
-            Placement::Skip => return Ok(()),
-            Placement::SeekTo(next) => {
-                tracing::info!(topic = %topic, partition, offset, next, "seeking to the table's position");
-                let result = tokio::task::block_in_place(|| {
-                    consumer.seek(&topic, partition, Offset::Offset(next), Duration::from_secs(10))
-                });
-                match result {
-                    Ok(()) => progress.sought = true,
-                    Err(error) => {
-                        // Not assigned any more, or the broker is away: start over for it.
-                        tracing::warn!(topic = %topic, partition, %error, "seek failed; the partition will be re-read from its table position");
-                        if let Some(progress) = self.partitions.remove(&key) {
-                            self.forget_batch_share(&progress);
-                        }
-                    }
-                }
-                return Ok(());
-            }
-            Placement::Take => {}
-        }
-        self.metrics.records.with_label_values(&[table.name()]).inc();
-        let position = KafkaPosition {
-            topic: topic.clone(),
-            partition,
-            offset,
-        };
-        let app_id = progress.app_id.clone();
-        match row::decode(table, position, message.payload().unwrap_or_default()) {
-            Ok(row) => {
-                let mut decision = progress.applied.decide(&row.origin);
-                if decision == Decision::Unknown {
-                    // The first record of this origin since the partition started: read the
-                    // origin's applied position from the table (one txn look-up).
-                    let origin_id = applied::origin_app_id(&app_id, &row.origin.source);
-                    let stored = self.tables.stored_version(table, &origin_id).await?;
-                    tracing::debug!(table = table.name(), topic = %topic, partition, source = %row.origin.source, ?stored, "origin position read from the table");
-                    let Some(progress) = self.partitions.get_mut(&key) else {
-                        return Ok(());
-                    };
-                    progress.applied.load(&row.origin.source, stored);
-                    decision = progress.applied.decide(&row.origin);
-                }
-                let Some(progress) = self.partitions.get_mut(&key) else {
-                    return Ok(());
-                };
-                if decision == Decision::Apply {
-                    self.batch_bytes += row.weight();
-                    progress.rows.push(row);
-                } else {
-                    self.metrics.duplicates.with_label_values(&[table.name()]).inc();
-                }
-            }
-            Err(reason) => {
-                if let Some(progress) = self.partitions.get_mut(&key) {
-                    progress.dead.push((message, reason));
-                }
-            }
-        }
-        let Some(progress) = self.partitions.get_mut(&key) else {
-            return Ok(());
-        };
-        progress.last = Some(offset);
-        progress.next = offset + 1;
-        self.batch_records += 1;
-        if self.batch_started.is_none() {
-            self.batch_started = Some(Instant::now());
-        }
-        Ok(())
-    }
-
-    /// Reads a partition's stored position (origins' positions are read when their first record
-    /// arrives).
-    async fn start_partition(
-        &mut self,
-        table: Table,
-        topic: &str,
-        partition: i32,
-    ) -> Result<PartitionProgress, DeltaArchiverError> {
-        let app_id = progress::app_id(table.name(), topic, partition);
-        let committed = self.tables.stored_version(table, &app_id).await?;
-        let low = tokio::task::block_in_place(|| {
-            self.watermarks
-                .fetch_watermarks(topic, partition, Duration::from_secs(10))
-                .map(|(low, _)| low)
-        })
-        .map_err(|error| DeltaArchiverError::Broker(format!("watermarks of {topic}/{partition}: {error}")))?;
-        let next = progress::resume_at(committed, low);
-        if let Ok(mut positions) = self.positions.lock() {
-            positions.insert((topic.to_owned(), partition), next);
-        }
-        tracing::info!(
-            table = table.name(),
-            topic,
-            partition,
-            ?committed,
-            next,
-            "partition position read from the table"
-        );
-        Ok(PartitionProgress {
-            table,
-            app_id,
-            committed,
-            next,
-            sought: false,
-            applied: AppliedPositions::default(),
-            rows: Vec::new(),
-            dead: Vec::new(),
-            last: None,
-        })
-    }
-
-    /// Commits the batch: dead letters first, then one Delta commit per table.
-    async fn flush(&mut self, reason: FlushReason) -> Result<(), DeltaArchiverError> {
-        let mut by_table: BTreeMap<Table, Vec<TopicPartition>> = BTreeMap::new();
-        for (key, progress) in &self.partitions {
-            if progress.last.is_some() {
-                by_table.entry(progress.table).or_default().push(key.clone());
-            }
-        }
-        for (table, keys) in by_table {
-            self.send_dead_letters(table, &keys).await?;
-            let mut txns: Vec<TxnUpdate> = Vec::new();
-            for progress in keys.iter().filter_map(|key| self.partitions.get(key)) {
-                let Some(last) = progress.last else {
-                    continue;
-                };
-                txns.push(TxnUpdate {
-                    app_id: progress.app_id.clone(),
-                    expected: Some(progress.committed),
-                    version: last,
-                });
-                txns.extend(progress.applied.pending().map(|(source, position)| TxnUpdate {
-                    app_id: applied::origin_app_id(&progress.app_id, source),
-                    expected: None,
-                    version: position,
-                }));
-            }
-            let rows: Vec<&Row> = keys
-                .iter()
-                .filter_map(|key| self.partitions.get(key))
-                .flat_map(|progress| progress.rows.iter())
-                .collect();
-            let row_count = rows.len();
-            let outcome = self.tables.commit(table, &rows, &txns, self.metrics).await?;
-            match outcome {
-                CommitOutcome::Committed { version, files, .. } => {
-                    self.storage_answers();
-                    self.metrics
-                        .rows
-                        .with_label_values(&[table.name()])
-                        .inc_by(row_count as u64);
-                    tracing::debug!(
-                        table = table.name(),
-                        version,
-                        rows = row_count,
-                        files,
-                        reason = reason.label(),
-                        "batch committed"
-                    );
-                    let mut offsets = TopicPartitionList::new();
-                    for key in &keys {
-                        if let Some(progress) = self.partitions.get_mut(key)
-                            && let Some(last) = progress.last.take()
-                        {
-                            progress.committed = Some(last);
-                            progress.applied.committed();
-                            progress.rows.clear();
-                            progress.dead.clear();
-                            let _ = offsets.add_partition_offset(&key.0, key.1, Offset::Offset(last + 1));
-                            if let Ok(mut positions) = self.positions.lock() {
-                                positions.insert((key.0.to_string(), key.1), last + 1);
-                            }
-                        }
-                    }
-                    // For tools that read consumer-group lag; positions come from the tables.
-                    if let Err(error) = self.consumer.commit(&offsets, CommitMode::Async) {
-                        tracing::debug!(%error, "consumer-group offset commit failed (informational only)");
-                    }
-                }
-                CommitOutcome::Fenced(app_ids) => {
-                    self.metrics
-                        .fenced
-                        .with_label_values(&[table.name()])
-                        .inc_by(app_ids.len() as u64);
-                    // Nothing of this commit was written: every partition in it starts over from
-                    // the table's position (the fenced ones belong to another instance now).
-                    for key in &keys {
-                        if let Some(progress) = self.partitions.remove(key) {
-                            self.forget_batch_share(&progress);
-                            self.start_and_seek(table, key).await?;
-                        }
-                    }
-                }
-            }
-        }
-        self.metrics.batches.with_label_values(&[reason.label()]).inc();
-        self.batch_records = 0;
-        self.batch_bytes = 0;
-        self.batch_started = None;
-        Ok(())
-    }
-
-    /// Reads a partition's position from its table and seeks the consumer there (if this instance
-    /// owns it): after an assignment, and after a fenced commit so its rows are read again.
-    async fn start_and_seek(&mut self, table: Table, key: &TopicPartition) -> Result<(), DeltaArchiverError> {
-        let owned = self
-            .consumer
-            .assignment()
-            .map(|list| list.find_partition(&key.0, key.1).is_some())
-            .unwrap_or(false);
-        if !owned {
-            return Ok(());
-        }
-        let mut progress = self.start_partition(table, &key.0, key.1).await?;
-        let next = progress.next;
-        let consumer = self.consumer;
-        let sought = tokio::task::block_in_place(|| {
-            consumer.seek(&key.0, key.1, Offset::Offset(next), Duration::from_secs(10))
-        });
-        match sought {
-            Ok(()) => progress.sought = true,
-            // Not fetching yet: the first record decides (`progress::place`).
-            Err(error) => {
-                tracing::debug!(topic = %key.0, partition = key.1, %error, "seek after start failed")
-            }
-        }
-        self.partitions.insert(key.clone(), progress);
-        Ok(())
-    }
-
-    async fn send_dead_letters(
-        &mut self,
-        table: Table,
-        keys: &[TopicPartition],
-    ) -> Result<(), DeltaArchiverError> {
-        let mut letters = Vec::new();
-        for key in keys {
-            if let Some(progress) = self.partitions.get(key) {
-                for (message, reason) in &progress.dead {
-                    letters.push((message.clone(), reason.clone()));
-                }
-            }
-        }
-        for (message, reason) in letters {
-            self.metrics.dead_letters.with_label_values(&[table.name()]).inc();
-            tracing::warn!(table = table.name(), topic = message.topic(), partition = message.partition(), offset = message.offset(), %reason, "record to the dead-letter topic");
-            let mut letter = DeadLetter {
-                stage: "delta-archiver".to_owned(),
-                reason,
-                errors: Vec::new(),
-                payload: message.payload().unwrap_or_default().to_vec(),
-                content_type: format!("application/x-protobuf; {}", table.message()),
-                record_index: 0,
-                origin: message.topic().to_owned(),
-                rejected_at_us: chrono::Utc::now().timestamp_micros(),
-                input: Some(SourcePosition {
-                    topic: message.topic().to_owned(),
-                    partition: message.partition(),
-                    offset: message.offset(),
-                }),
-                ..DeadLetter::default()
-            };
-            let key = message.key().unwrap_or_default().to_vec();
-            contrail_common::dead_letter::fit(&mut letter, key.len(), self.config.kafka.max_message_bytes());
-            let payload = letter.encode_to_vec();
-            let record = FutureRecord::to(&self.config.topics.dlq)
-                .key(&key)
-                .payload(&payload);
-            // Without the dead letter acknowledged the batch must not be committed.
-            self.dlq
-                .send(record, Duration::from_secs(300))
-                .await
-                .map_err(|(error, _)| DeltaArchiverError::Broker(format!("dead-letter topic: {error}")))?;
-        }
-        Ok(())
-    }
-
-    async fn maybe_maintain(&mut self) -> Result<(), DeltaArchiverError> {
-        let settings = &self.config.maintenance;
-        if !settings.enabled || self.last_maintenance.elapsed() < Duration::from_secs(settings.interval_s) {
-            return Ok(());
-        }
-        self.last_maintenance = Instant::now();
-        for (table, _) in self.config.topics.tables() {
-            match maintenance::run(
-                &mut self.tables,
-                table,
-                settings,
-                &self.config.delta,
-                self.metrics,
-            )
-            .await
-            {
-                Ok(report) => tracing::info!(
-                    table = table.name(),
-                    compacted = report.compacted_files,
-                    written = report.written_files,
-                    vacuumed = report.vacuumed_files,
-                    "maintenance done"
-                ),
-                // Maintenance never blocks archiving: log and try again next interval.
-                Err(error) => tracing::warn!(table = table.name(), %error, "maintenance failed"),
-            }
-        }
-        Ok(())
-    }
 }

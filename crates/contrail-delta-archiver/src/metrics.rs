@@ -1,7 +1,7 @@
 //! Prometheus metrics of delta-archiver. Per-table series carry a `table` label.
 
 use contrail_common::metrics::MetricsRegistry;
-use prometheus::{HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts};
+use prometheus::{HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec};
 
 /// The stage's metrics.
 #[derive(Clone)]
@@ -39,47 +39,7 @@ pub struct ArchiverMetrics {
 impl ArchiverMetrics {
     /// Creates and registers the metrics.
     pub fn new(registry: &MetricsRegistry) -> ArchiverMetrics {
-        let by_table = |name: &str, help: &str| {
-            let counter = IntCounterVec::new(Opts::new(name, help), &["table"]).expect("valid metric");
-            registry.register(&counter);
-            counter
-        };
-        let counter = |name: &str, help: &str| {
-            let counter = IntCounter::new(name, help).expect("valid metric");
-            registry.register(&counter);
-            counter
-        };
-        let commit_seconds = HistogramVec::new(
-            HistogramOpts::new(
-                "contrail_delta_commit_seconds",
-                "Latency of one table's Parquet flush and Delta commit",
-            )
-            .buckets(vec![0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]),
-            &["table"],
-        )
-        .expect("valid metric");
-        registry.register(&commit_seconds);
-        let batches = IntCounterVec::new(
-            Opts::new("contrail_delta_batches_total", "Batches committed, by trigger"),
-            &["reason"],
-        )
-        .expect("valid metric");
-        registry.register(&batches);
-        let uncommitted_files = IntGauge::new(
-            "contrail_delta_uncommitted_files",
-            "Parquet files written whose commit is pending",
-        )
-        .expect("valid metric");
-        registry.register(&uncommitted_files);
-        let lag = IntGaugeVec::new(
-            Opts::new(
-                "contrail_delta_lag_records",
-                "Records not yet archived (high watermark - next offset; -1 when unknown)",
-            ),
-            &["topic", "partition"],
-        )
-        .expect("valid metric");
-        registry.register(&lag);
+        let by_table = |name: &str, help: &str| registry.counter_vec(name, help, &["table"]);
         ArchiverMetrics {
             records: by_table("contrail_delta_records_total", "Records consumed"),
             rows: by_table("contrail_delta_rows_total", "Rows committed to Delta tables"),
@@ -98,15 +58,32 @@ impl ArchiverMetrics {
                 "contrail_delta_fenced_total",
                 "Partition commits refused: another instance had committed for it (zombie fence)",
             ),
-            commit_seconds,
-            batches,
-            uncommitted_files,
-            lag,
-            compacted_files: counter(
+            commit_seconds: registry.histogram_vec(
+                "contrail_delta_commit_seconds",
+                "Latency of one table's Parquet flush and Delta commit",
+                &[0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0],
+                &["table"],
+            ),
+            batches: registry.counter_vec(
+                "contrail_delta_batches_total",
+                "Batches committed, by trigger",
+                &["reason"],
+            ),
+            uncommitted_files: registry.gauge(
+                "contrail_delta_uncommitted_files",
+                "Parquet files written whose commit is pending",
+            ),
+            lag: registry.gauge_vec(
+                "contrail_delta_lag_records",
+                "Records not yet archived (high watermark - next offset; -1 when unknown)",
+                &["topic", "partition"],
+            ),
+            compacted_files: registry.counter(
                 "contrail_delta_compacted_files_total",
                 "Small files replaced by compaction",
             ),
-            vacuumed_files: counter("contrail_delta_vacuumed_files_total", "Files removed by vacuum"),
+            vacuumed_files: registry
+                .counter("contrail_delta_vacuumed_files_total", "Files removed by vacuum"),
         }
     }
 }

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use contrail_common::config::{ListenConfig, Secret};
 use contrail_common::kafka::KafkaConfig;
 use contrail_common::telemetry::TelemetryConfig;
+use contrail_common::topology::{self, topics};
 use serde::{Deserialize, Serialize};
 
 /// Everything the ingest stage can be told.
@@ -40,7 +41,7 @@ impl Default for IngestConfig {
     fn default() -> Self {
         IngestConfig {
             instance: std::env::var("HOSTNAME").unwrap_or_else(|_| "ingest-0".to_owned()),
-            listen: ListenConfig::on_ports(8080, 9090),
+            listen: ListenConfig::of(topology::INGEST),
             telemetry: TelemetryConfig::default(),
             kafka: KafkaConfig::default(),
             topics: TopicsConfig::default(),
@@ -71,8 +72,8 @@ pub struct TopicsConfig {
 impl Default for TopicsConfig {
     fn default() -> Self {
         TopicsConfig {
-            raw: "ops.events.raw".to_owned(),
-            dlq: "ops.events.dlq".to_owned(),
+            raw: topics::RAW.to_owned(),
+            dlq: topics::DLQ.to_owned(),
             create: true,
             partitions: 4,
         }

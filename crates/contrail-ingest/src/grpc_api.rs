@@ -6,9 +6,8 @@
 //! `UNAVAILABLE` (retry the batch), over capacity with `RESOURCE_EXHAUSTED`.
 
 use std::sync::Arc;
-use std::time::Instant;
 
-use contrail_common::shutdown::Shutdown;
+use contrail_common::admin::AdminControls;
 use contrail_events::BodyRecord;
 use contrail_proto::admin::v1 as admin;
 use contrail_proto::ingest::v1 as ingest;
@@ -220,30 +219,25 @@ impl ingest::ingest_service_server::IngestService for IngestGrpc {
 pub struct IngestAdmin {
     pipeline: Pipeline,
     sources: Arc<SourceRegistry>,
-    shutdown: Shutdown,
+    controls: AdminControls,
     instance: String,
-    started: Instant,
-    health: contrail_common::server::Health,
     metrics: crate::metrics::IngestMetrics,
 }
 
 impl IngestAdmin {
-    /// An admin service for this process.
+    /// An admin service for this process; `controls` pause the pipeline (their flag is its own).
     pub fn new(
         pipeline: Pipeline,
         sources: Arc<SourceRegistry>,
-        shutdown: Shutdown,
+        controls: AdminControls,
         instance: String,
-        health: contrail_common::server::Health,
         metrics: crate::metrics::IngestMetrics,
     ) -> IngestAdmin {
         IngestAdmin {
             pipeline,
             sources,
-            shutdown,
+            controls,
             instance,
-            started: Instant::now(),
-            health,
             metrics,
         }
     }
@@ -279,13 +273,9 @@ impl admin::admin_service_server::AdminService for IngestAdmin {
         .into_iter()
         .map(|(name, counter)| (name.to_owned(), sum_counter(counter)))
         .collect();
-        let uptime = self.started.elapsed().as_secs_f64().max(1.0);
-        Ok(Response::new(admin::StatusResponse {
-            stage: "ingest".to_owned(),
-            version: env!("CARGO_PKG_VERSION").to_owned(),
+        let uptime = self.controls.uptime_seconds();
+        let mut status = admin::StatusResponse {
             instance: self.instance.clone(),
-            ready: self.health.is_ready(),
-            paused: self.pipeline.is_paused(),
             uptime_seconds: uptime as i64,
             partitions: Vec::new(),
             events_per_second: sum_counter(&self.metrics.events_accepted) / uptime,
@@ -293,22 +283,21 @@ impl admin::admin_service_server::AdminService for IngestAdmin {
             sources: self.sources.status(),
             in_flight: self.pipeline.in_flight() as u64,
             leases: Vec::new(),
-        }))
+            ..admin::StatusResponse::default()
+        };
+        self.controls.stamp(&mut status);
+        Ok(Response::new(status))
     }
 
     async fn pause(&self, _: Request<admin::PauseRequest>) -> Result<Response<admin::PauseResponse>, Status> {
-        self.pipeline.set_paused(true);
-        tracing::info!("paused by admin request");
-        Ok(Response::new(admin::PauseResponse { paused: true }))
+        Ok(self.controls.pause())
     }
 
     async fn resume(
         &self,
         _: Request<admin::ResumeRequest>,
     ) -> Result<Response<admin::ResumeResponse>, Status> {
-        self.pipeline.set_paused(false);
-        tracing::info!("resumed by admin request");
-        Ok(Response::new(admin::ResumeResponse { paused: false }))
+        Ok(self.controls.resume())
     }
 
     async fn trigger_checkpoint(
@@ -346,10 +335,7 @@ impl admin::admin_service_server::AdminService for IngestAdmin {
     }
 
     async fn drain(&self, _: Request<admin::DrainRequest>) -> Result<Response<admin::DrainResponse>, Status> {
-        tracing::info!("drain requested by admin");
-        self.health.set_ready(false);
-        self.shutdown.trigger();
-        Ok(Response::new(admin::DrainResponse { draining: true }))
+        Ok(self.controls.drain())
     }
 }
 

@@ -18,9 +18,10 @@ pub mod sources;
 use std::sync::Arc;
 use std::time::Duration;
 
-use contrail_common::metrics::MetricsRegistry;
-use contrail_common::server::{self, Health};
+use contrail_common::server;
 use contrail_common::shutdown::Shutdown;
+use contrail_common::stage::StageContext;
+use contrail_common::topology;
 use rdkafka::ClientConfig;
 use rdkafka::producer::{FutureProducer, Producer};
 use tokio::sync::Semaphore;
@@ -76,23 +77,18 @@ fn build_sources(config: &IngestConfig) -> Result<Vec<Arc<dyn Source>>, IngestEr
 /// Runs the stage until `shutdown` fires, then drains: stops accepting, lets in-flight requests and
 /// pages finish, flushes the producer.
 pub async fn run(config: IngestConfig, shutdown: Shutdown) -> Result<(), IngestError> {
-    config
-        .validate()
-        .map_err(|message| IngestError::Common(contrail_common::CommonError::Config(message)))?;
-    let registry = MetricsRegistry::new();
-    let metrics = metrics::IngestMetrics::new(&registry);
-    let health = Health::new();
-    let tokens = config.auth.load()?;
+    let stage = StageContext::start(topology::INGEST, config.validate(), shutdown)?;
+    let metrics = metrics::IngestMetrics::new(&stage.registry);
+    let tokens = stage.tokens(&config.auth, "auth", "the ingest API")?;
     let admin_tokens = match &config.admin_auth {
-        Some(admin) => admin.load()?,
-        None => tokens.clone(),
+        Some(admin) => stage.tokens(admin, "admin_auth", "the admin API")?,
+        None => stage.tokens(&config.auth, "auth", "the admin API")?,
     };
-    if !admin_tokens.enabled() {
-        tracing::warn!("no admin_auth.tokens configured: the admin API accepts unauthenticated requests");
-    }
-    if !tokens.enabled() {
-        tracing::warn!("no auth.tokens configured: the ingest API accepts unauthenticated requests");
-    }
+    let (registry, health, shutdown) = (
+        stage.registry.clone(),
+        stage.health.clone(),
+        stage.shutdown.clone(),
+    );
 
     if config.topics.create {
         ensure_topics(&config).await?;
@@ -136,9 +132,8 @@ pub async fn run(config: IngestConfig, shutdown: Shutdown) -> Result<(), IngestE
         grpc_api::IngestAdmin::new(
             pipeline.clone(),
             source_registry.clone(),
-            shutdown.clone(),
+            stage.controls.clone().with_pause_flag(pipeline.pause_flag()),
             config.instance.clone(),
-            health.clone(),
             metrics.clone(),
         ),
         admin_tokens.grpc_interceptor(),

@@ -1,7 +1,7 @@
 //! Every metric of the ingest stage, with stable names.
 
 use contrail_common::metrics::MetricsRegistry;
-use prometheus::{Histogram, HistogramOpts, IntCounterVec, IntGauge, Opts};
+use prometheus::{Histogram, IntCounterVec, IntGauge};
 
 /// The ingest stage's metrics.
 #[derive(Clone)]
@@ -29,70 +29,54 @@ pub struct IngestMetrics {
 impl IngestMetrics {
     /// Creates and registers the metrics.
     pub fn new(registry: &MetricsRegistry) -> IngestMetrics {
-        let counter = |name: &str, help: &str, label: &str| {
-            IntCounterVec::new(Opts::new(name, help), &[label]).expect("static metric definition")
-        };
-        let metrics = IngestMetrics {
-            records_received: counter(
+        let by = |name: &str, help: &str, label: &str| registry.counter_vec(name, help, &[label]);
+        IngestMetrics {
+            records_received: by(
                 "contrail_ingest_records_received_total",
                 "Records received",
                 "origin",
             ),
-            events_accepted: counter(
+            events_accepted: by(
                 "contrail_ingest_events_accepted_total",
                 "Events acknowledged by the broker on the raw topic",
                 "origin",
             ),
-            records_rejected: counter(
+            records_rejected: by(
                 "contrail_ingest_records_rejected_total",
                 "Records rejected by validation and sent to the dead-letter topic",
                 "origin",
             ),
-            records_failed: counter(
+            records_failed: by(
                 "contrail_ingest_records_failed_total",
                 "Valid records the broker did not acknowledge in time",
                 "origin",
             ),
-            requests_throttled: counter(
+            requests_throttled: by(
                 "contrail_ingest_requests_throttled_total",
                 "Requests refused with 429 for capacity",
                 "origin",
             ),
-            in_flight_records: IntGauge::new(
+            in_flight_records: registry.gauge(
                 "contrail_ingest_in_flight_records",
                 "Records waiting for broker acknowledgement",
-            )
-            .expect("static metric definition"),
-            publish_latency: Histogram::with_opts(
-                HistogramOpts::new(
-                    "contrail_ingest_publish_latency_seconds",
-                    "Time from receiving a batch to the broker acknowledging all of it",
-                )
-                .buckets(vec![
+            ),
+            publish_latency: registry.histogram(
+                "contrail_ingest_publish_latency_seconds",
+                "Time from receiving a batch to the broker acknowledging all of it",
+                &[
                     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-                ]),
-            )
-            .expect("static metric definition"),
-            source_pages: counter(
+                ],
+            ),
+            source_pages: by(
                 "contrail_ingest_source_pages_total",
                 "Pages fetched by pull sources",
                 "source",
             ),
-            source_errors: counter(
+            source_errors: by(
                 "contrail_ingest_source_errors_total",
                 "Pull-source fetch errors",
                 "source",
             ),
-        };
-        registry.register(&metrics.records_received);
-        registry.register(&metrics.events_accepted);
-        registry.register(&metrics.records_rejected);
-        registry.register(&metrics.records_failed);
-        registry.register(&metrics.requests_throttled);
-        registry.register(&metrics.in_flight_records);
-        registry.register(&metrics.publish_latency);
-        registry.register(&metrics.source_pages);
-        registry.register(&metrics.source_errors);
-        metrics
+        }
     }
 }

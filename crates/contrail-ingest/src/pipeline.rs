@@ -130,7 +130,7 @@ struct PipelineInner {
     max_record_bytes: usize,
     max_message_bytes: usize,
     metrics: IngestMetrics,
-    paused: AtomicBool,
+    paused: Arc<AtomicBool>,
 }
 
 enum Validated {
@@ -165,7 +165,7 @@ impl Pipeline {
                 max_record_bytes: limits.max_record_bytes,
                 max_message_bytes: limits.max_message_bytes,
                 metrics,
-                paused: AtomicBool::new(false),
+                paused: Arc::default(),
             }),
         }
     }
@@ -178,6 +178,11 @@ impl Pipeline {
     /// Stops accepting batches (admin pause); in-flight ones finish.
     pub fn set_paused(&self, paused: bool) {
         self.inner.paused.store(paused, Ordering::Relaxed);
+    }
+
+    /// The pause flag, shared with the admin API's controls.
+    pub fn pause_flag(&self) -> Arc<AtomicBool> {
+        self.inner.paused.clone()
     }
 
     /// Whether paused.

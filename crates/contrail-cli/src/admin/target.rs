@@ -2,6 +2,7 @@
 //! shifted by `--port-offset`) or an address anywhere.
 
 use anyhow::{Result, bail};
+use contrail_common::topology::{self, StageSpec};
 use serde_json::{Value, json};
 
 /// A deployable stage and where its admin API listens by default.
@@ -24,24 +25,25 @@ impl Stage {
         Stage::DeltaArchiver,
     ];
 
-    /// The stage's name, as in its binary and in `--stage`.
-    pub(super) fn name(self) -> &'static str {
+    /// Its name and default ports.
+    fn spec(self) -> StageSpec {
         match self {
-            Stage::Ingest => "ingest",
-            Stage::DedupState => "dedup-state",
-            Stage::CosmosWriter => "cosmos-writer",
-            Stage::ChangefeedSync => "changefeed-sync",
-            Stage::DeltaArchiver => "delta-archiver",
+            Stage::Ingest => topology::INGEST,
+            Stage::DedupState => topology::DEDUP_STATE,
+            Stage::CosmosWriter => topology::COSMOS_WRITER,
+            Stage::ChangefeedSync => topology::CHANGEFEED_SYNC,
+            Stage::DeltaArchiver => topology::DELTA_ARCHIVER,
         }
     }
 
-    /// The stage's admin gRPC port when its config does not set one (each stage's `config.rs`;
-    /// the table `contrail up` starts the stages with).
+    /// The stage's name, as in its binary and in `--stage`.
+    pub(super) fn name(self) -> &'static str {
+        self.spec().name
+    }
+
+    /// The stage's admin gRPC port when its config does not set one.
     pub(super) fn default_admin_port(self) -> u16 {
-        crate::platform::STAGES
-            .iter()
-            .find(|spec| spec.name == self.name())
-            .map_or(0, |spec| spec.grpc)
+        self.spec().grpc
     }
 
     /// Parses a `--stage` value; the error names the bad value and lists the valid ones.

@@ -134,15 +134,7 @@ pub(super) async fn start_platform(
         brokers: format!("127.0.0.1:{}", ports.broker()),
         ..contrail_common::kafka::KafkaConfig::default()
     };
-    let topics = [
-        "ops.events.raw",
-        "ops.events.dlq",
-        "ops.events.accepted",
-        "ops.events.late",
-        "ops.flights.curated",
-        "ops.flights.changes",
-        "ops.alerts",
-    ];
+    let topics = contrail_common::topology::topics::ALL;
     contrail_common::kafka::create_topics(&kafka, "contrail-up", &topics, args.partitions)
         .await
         .context("creating the topics")?;

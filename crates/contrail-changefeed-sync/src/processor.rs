@@ -1,0 +1,235 @@
+//! The change feed processor: lease maintenance (renew, reap, balance, take) and one task per
+//! owned lease reading its feed range ([`crate::feed`]).
+
+use std::collections::BTreeMap;
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use contrail_common::shutdown::Shutdown;
+use contrail_cosmos::backoff;
+use contrail_proto::admin::v1 as admin;
+use rdkafka::producer::FutureProducer;
+
+use crate::balance::{self, LeaseView};
+use crate::config::ChangefeedSyncConfig;
+use crate::error::ChangefeedError;
+use crate::feed::poll_once;
+use crate::lease::{Lease, LeaseStore, OwnedLease, now_ms};
+use crate::metrics::ChangefeedMetrics;
+use crate::status::LeaseBoard;
+
+/// What every lease task shares.
+pub(crate) struct Shared {
+    pub(crate) config: ChangefeedSyncConfig,
+    pub(crate) store: LeaseStore,
+    pub(crate) producer: FutureProducer,
+    pub(crate) metrics: ChangefeedMetrics,
+    pub(crate) board: LeaseBoard,
+    pub(crate) paused: Arc<AtomicBool>,
+    /// Lease tasks are spawned through it, so the process shutdown waits for them.
+    pub(crate) tasks: Shutdown,
+    /// Refused Cosmos DB credentials: readiness and the error log.
+    pub(crate) outage: contrail_cosmos::CredentialOutage,
+}
+
+/// A lease this instance owns and the task reading it.
+pub(crate) struct Running {
+    lease: OwnedLease,
+    stop: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<Result<(), ChangefeedError>>,
+}
+
+/// One round: renew owned leases, reap finished tasks, list, balance, take.
+pub(crate) async fn maintain(
+    shared: &Arc<Shared>,
+    running: &mut BTreeMap<String, Running>,
+) -> Result<(), ChangefeedError> {
+    let me = shared.config.instance.clone();
+    let mut lost = Vec::new();
+    for (id, entry) in running.iter() {
+        if entry.task.is_finished() {
+            lost.push(id.clone());
+            continue;
+        }
+        let mut document = entry.lease.lock().await;
+        let mut renewed = document.clone();
+        renewed.renewed_at_ms = now_ms();
+        renewed.owner = me.clone();
+        match shared.store.replace(&renewed).await {
+            Ok(updated) => *document = updated,
+            Err(ChangefeedError::LeaseLost(_)) => lost.push(id.clone()),
+            Err(error) => tracing::warn!(lease = %id, %error, "lease renewal failed"),
+        }
+    }
+    for id in lost {
+        if let Some(entry) = running.remove(&id) {
+            entry.stop.store(true, Ordering::Relaxed);
+            match entry.task.await {
+                Ok(Err(ChangefeedError::LeaseLost(_))) | Ok(Ok(())) => {}
+                Ok(Err(error)) => tracing::warn!(lease = %id, %error, "lease task failed"),
+                Err(error) => tracing::error!(lease = %id, %error, "lease task panicked"),
+            }
+            shared.metrics.lost.inc();
+            tracing::info!(lease = %id, "lease no longer owned");
+        }
+    }
+
+    let leases = shared.store.list().await?;
+    let now = now_ms();
+    let expiry = shared.config.leases.expiry_ms as i64;
+    if let Ok(mut board) = shared.board.lock() {
+        // Leases this instance runs are shown by their tasks, which are ahead of the listing.
+        for lease in leases.iter().filter(|lease| !running.contains_key(&lease.id)) {
+            let owner = if balance::is_free(&view(lease), now, expiry) {
+                String::new()
+            } else {
+                lease.owner.clone()
+            };
+            show(&mut board, lease, owner, None);
+        }
+    }
+    let views: Vec<LeaseView> = leases.iter().map(view).collect();
+    for id in balance::leases_to_take(&views, &me, now, expiry) {
+        if running.contains_key(&id) {
+            continue;
+        }
+        let Some(lease) = leases.iter().find(|lease| lease.id == id) else {
+            continue;
+        };
+        let previous = lease.owner.clone();
+        let mut taken = lease.clone();
+        taken.owner = me.clone();
+        taken.renewed_at_ms = now_ms();
+        match shared.store.replace(&taken).await {
+            Ok(updated) => {
+                shared.metrics.acquired.inc();
+                tracing::info!(lease = %id, previous_owner = %previous, range = %updated.feed_range, "lease acquired");
+                let owned: OwnedLease = Arc::new(tokio::sync::Mutex::new(updated));
+                let stop = Arc::new(AtomicBool::new(false));
+                let task = shared
+                    .tasks
+                    .spawn(process_lease(shared.clone(), owned.clone(), stop.clone()));
+                running.insert(
+                    id,
+                    Running {
+                        lease: owned,
+                        stop,
+                        task,
+                    },
+                );
+            }
+            Err(ChangefeedError::LeaseLost(_)) => {
+                tracing::debug!(lease = %id, "another instance took the lease first");
+            }
+            Err(error) => return Err(error),
+        }
+    }
+    Ok(())
+}
+
+/// At shutdown: stops every lease task after its page in flight and frees its lease (a lease
+/// that cannot be freed expires instead).
+pub(crate) async fn release_all(shared: &Shared, running: BTreeMap<String, Running>) {
+    for (id, lease) in running {
+        lease.stop.store(true, Ordering::Relaxed);
+        let _ = lease.task.await;
+        let mut document = lease.lease.lock().await;
+        document.owner = String::new();
+        match shared.store.replace(&document).await {
+            Ok(updated) => *document = updated,
+            Err(error) => tracing::warn!(lease = %id, %error, "could not release lease; it expires instead"),
+        }
+    }
+}
+
+fn view(lease: &Lease) -> LeaseView {
+    LeaseView {
+        id: lease.id.clone(),
+        owner: lease.owner.clone(),
+        renewed_at_ms: lease.renewed_at_ms,
+    }
+}
+
+pub(crate) fn update_board(shared: &Shared, lease: &Lease, lag_seconds: f64) {
+    shared
+        .metrics
+        .lag_seconds
+        .with_label_values(&[&lease.id])
+        .set(lag_seconds);
+    shared
+        .metrics
+        .last_lsn
+        .with_label_values(&[&lease.id])
+        .set(lease.last_lsn as f64);
+    if let Ok(mut board) = shared.board.lock() {
+        show(&mut board, lease, lease.owner.clone(), Some(lag_seconds));
+    }
+}
+
+/// Puts `lease` on the admin board with `owner` (empty: free); `lag_seconds` when known.
+fn show(
+    board: &mut BTreeMap<String, admin::LeaseStatus>,
+    lease: &Lease,
+    owner: String,
+    lag_seconds: Option<f64>,
+) {
+    let entry = board.entry(lease.id.clone()).or_default();
+    entry.feed_range = lease.feed_range.clone();
+    entry.owner = owner;
+    entry.last_lsn = lease.last_lsn;
+    entry.last_ts = lease.last_ts;
+    entry.renewed_ms_ago = now_ms().saturating_sub(lease.renewed_at_ms);
+    entry.changes_published = lease.published;
+    if let Some(lag) = lag_seconds {
+        entry.lag_seconds = lag;
+    }
+}
+
+/// Reads one lease's feed range until stopped or the lease is lost.
+async fn process_lease(
+    shared: Arc<Shared>,
+    lease: OwnedLease,
+    stop: Arc<AtomicBool>,
+) -> Result<(), ChangefeedError> {
+    let (id, range_text, range) = {
+        let document = lease.lock().await;
+        let range = LeaseStore::feed_range(&document)?;
+        (document.id.clone(), document.feed_range.clone(), range)
+    };
+    let poll = Duration::from_millis(shared.config.leases.poll_interval_ms);
+    let page_size = NonZeroU32::new(shared.config.leases.max_items_per_page).unwrap_or(NonZeroU32::MIN);
+    let mut failures: u32 = 0;
+    while !stop.load(Ordering::Relaxed) {
+        if shared.paused.load(Ordering::Relaxed) {
+            tokio::time::sleep(poll).await;
+            continue;
+        }
+        match poll_once(&shared, &lease, &stop, &range, &range_text, page_size).await {
+            Ok(()) => {
+                failures = 0;
+                shared.outage.succeeded();
+            }
+            Err(ChangefeedError::Cosmos(error)) if error.is_unauthorized() => {
+                // Refused credentials: an outage (not ready, said once per 30 s), retried from the
+                // stored continuation; nothing is published or stored meanwhile.
+                shared.outage.refused(&error);
+                let delay = backoff(failures).max(Duration::from_secs(1));
+                failures = failures.saturating_add(1);
+                tokio::time::sleep(delay).await;
+                continue;
+            }
+            Err(ChangefeedError::LeaseLost(lost)) => return Err(ChangefeedError::LeaseLost(lost)),
+            Err(error) => {
+                let delay = backoff(failures);
+                failures = failures.saturating_add(1);
+                tracing::warn!(lease = %id, %error, delay_ms = delay.as_millis() as u64, "change feed poll failed; retrying from the stored continuation");
+                tokio::time::sleep(delay).await;
+                continue;
+            }
+        }
+        tokio::time::sleep(poll).await;
+    }
+    Ok(())
+}

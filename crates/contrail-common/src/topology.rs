@@ -1,0 +1,103 @@
+//! The platform's shape in one place: the five stages with their default ports, and the topic
+//! names of DESIGN §1. Every stage's config defaults, `contrail up`, `contrail admin` and the
+//! tests read them from here, so a name or a port is written once.
+
+/// A stage of the pipeline and its default ports (HTTP probes and metrics, gRPC admin).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StageSpec {
+    /// Binary and stage name (also the Kafka client id prefix and the `stage` metric label).
+    pub name: &'static str,
+    /// Default HTTP port (`/healthz`, `/readyz`, `/metrics`; ingest's event API).
+    pub http: u16,
+    /// Default gRPC port (the admin API; ingest's event API).
+    pub grpc: u16,
+}
+
+/// `ingest`: HTTP/gRPC and pull sources → `ops.events.raw`.
+pub const INGEST: StageSpec = StageSpec {
+    name: "ingest",
+    http: 8080,
+    grpc: 9090,
+};
+/// `dedup-state`: dedup, ordering, the fold, timers → accepted, late, curated, alerts.
+pub const DEDUP_STATE: StageSpec = StageSpec {
+    name: "dedup-state",
+    http: 8081,
+    grpc: 9091,
+};
+/// `cosmos-writer`: curated states → Cosmos DB `flights`.
+pub const COSMOS_WRITER: StageSpec = StageSpec {
+    name: "cosmos-writer",
+    http: 8082,
+    grpc: 9192,
+};
+/// `changefeed-sync`: the Cosmos DB change feed → `ops.flights.changes`.
+pub const CHANGEFEED_SYNC: StageSpec = StageSpec {
+    name: "changefeed-sync",
+    http: 8083,
+    grpc: 9193,
+};
+/// `delta-archiver`: accepted, curated, late and changes → Delta Lake history.
+pub const DELTA_ARCHIVER: StageSpec = StageSpec {
+    name: "delta-archiver",
+    http: 8084,
+    grpc: 9194,
+};
+
+/// The five stages in pipeline order.
+pub const STAGES: [StageSpec; 5] = [
+    INGEST,
+    DEDUP_STATE,
+    COSMOS_WRITER,
+    CHANGEFEED_SYNC,
+    DELTA_ARCHIVER,
+];
+
+/// The stage called `name`.
+pub fn stage(name: &str) -> Option<StageSpec> {
+    STAGES.into_iter().find(|stage| stage.name == name)
+}
+
+/// The topic names (DESIGN §1), each stage's default.
+pub mod topics {
+    /// Validated raw events from ingest (key: flight key).
+    pub const RAW: &str = "ops.events.raw";
+    /// Events dedup-state accepted (one per `(flight_key, event_id)`).
+    pub const ACCEPTED: &str = "ops.events.accepted";
+    /// Events older than their flight's watermark or tombstone.
+    pub const LATE: &str = "ops.events.late";
+    /// One `FlightState` per accepted event (the flight's new version).
+    pub const CURATED: &str = "ops.flights.curated";
+    /// Timer alerts (DEPARTURE_OVERDUE).
+    pub const ALERTS: &str = "ops.alerts";
+    /// The Cosmos DB change feed as records.
+    pub const CHANGES: &str = "ops.flights.changes";
+    /// Dead letters of every stage.
+    pub const DLQ: &str = "ops.events.dlq";
+
+    /// Every topic, in pipeline order.
+    pub const ALL: [&str; 7] = [RAW, DLQ, ACCEPTED, LATE, CURATED, CHANGES, ALERTS];
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_ports_are_unique() {
+        let mut names: Vec<_> = STAGES.iter().map(|stage| stage.name).collect();
+        let mut ports: Vec<_> = STAGES.iter().flat_map(|stage| [stage.http, stage.grpc]).collect();
+        names.sort_unstable();
+        names.dedup();
+        ports.sort_unstable();
+        ports.dedup();
+        assert_eq!(names.len(), STAGES.len());
+        assert_eq!(ports.len(), 2 * STAGES.len());
+        let mut topics = topics::ALL.to_vec();
+        topics.sort_unstable();
+        topics.dedup();
+        assert_eq!(topics.len(), topics::ALL.len());
+        assert_eq!(stage("cosmos-writer"), Some(COSMOS_WRITER));
+        assert_eq!(stage("cosmos"), None);
+    }
+}

@@ -1,0 +1,94 @@
+//! What cosmos-writer reports in the admin `Status`: owned partitions with committed offsets,
+//! high watermarks and lag, and its counters.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use contrail_common::admin::{AdminControls, StageStatus};
+use contrail_proto::admin::v1 as admin;
+use rdkafka::consumer::{BaseConsumer, Consumer, StreamConsumer};
+
+use crate::metrics::WriterMetrics;
+
+/// Offsets committed by this instance (next offset to read, per partition).
+pub(crate) type Committed = Arc<Mutex<BTreeMap<i32, i64>>>;
+
+pub(crate) struct WriterStatus {
+    pub(crate) instance: String,
+    pub(crate) topic: String,
+    pub(crate) consumer: Arc<StreamConsumer>,
+    pub(crate) watermarks: Arc<BaseConsumer>,
+    pub(crate) committed: Committed,
+    pub(crate) metrics: WriterMetrics,
+    /// Uptime (and the fields every stage stamps on its status).
+    pub(crate) uptime: AdminControls,
+}
+
+#[tonic::async_trait]
+impl StageStatus for WriterStatus {
+    async fn status(&self) -> Result<admin::StatusResponse, tonic::Status> {
+        let owned: Vec<i32> = self
+            .consumer
+            .assignment()
+            .map(|list| {
+                list.elements()
+                    .iter()
+                    .map(|element| element.partition())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let committed = self
+            .committed
+            .lock()
+            .map(|committed| committed.clone())
+            .unwrap_or_default();
+        let watermarks = self.watermarks.clone();
+        let topic = self.topic.clone();
+        let partitions = tokio::task::spawn_blocking(move || {
+            owned
+                .iter()
+                .map(|partition| {
+                    let high = watermarks
+                        .fetch_watermarks(&topic, *partition, Duration::from_secs(2))
+                        .map(|(_, high)| high)
+                        .unwrap_or(-1);
+                    let next = committed.get(partition).copied().unwrap_or(-1);
+                    admin::PartitionStatus {
+                        topic: topic.clone(),
+                        partition: *partition,
+                        committed_offset: next,
+                        high_watermark: high,
+                        lag: contrail_common::kafka::partition_lag(high, next),
+                        state_bytes: 0,
+                    }
+                })
+                .collect::<Vec<_>>()
+        })
+        .await
+        .map_err(|error| tonic::Status::internal(error.to_string()))?;
+        let m = &self.metrics;
+        let counters = [
+            ("records_total", m.records.get() as f64),
+            ("documents_written_total", m.written.get() as f64),
+            ("stale_skipped_total", m.stale.get() as f64),
+            ("coalesced_total", m.coalesced.get() as f64),
+            ("dead_letters_total", m.dead_letters.get() as f64),
+            ("request_units_total", m.request_units.get()),
+            ("batches_total", m.batches.get() as f64),
+            ("retries_total", m.total_retries()),
+        ]
+        .into_iter()
+        .map(|(name, value)| (name.to_owned(), value))
+        .collect();
+        let uptime = self.uptime.uptime_seconds();
+        Ok(admin::StatusResponse {
+            instance: self.instance.clone(),
+            uptime_seconds: uptime as i64,
+            partitions,
+            counters,
+            events_per_second: m.records.get() as f64 / uptime,
+            ..admin::StatusResponse::default()
+        })
+    }
+}
