@@ -6,13 +6,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use contrail_integration_tests::cosmos::{
-    CosmosDev, CosmosStage, containers_at, point_read, status_at, sync_env,
-};
-use contrail_integration_tests::{
+use contrail_proto::v1::ServingChange;
+use contrail_testkit::cosmos::{CosmosDev, CosmosStage, containers_at, point_read, status_at, sync_env};
+use contrail_testkit::{
     Moments, Probe, TopicReader, create_topics, shared_broker, test_dir, unique, wait_until,
 };
-use contrail_proto::v1::ServingChange;
 use prost::Message as _;
 use rdkafka::message::Message as _;
 

@@ -7,17 +7,15 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 
 use chrono::DateTime;
-use contrail_integration_tests::browser::{Browser, summarize_png};
-use contrail_integration_tests::cosmos::{
+use contrail_proto::v1::{Alert, EventType, FlightState, OperationalEvent, ServingChange};
+use contrail_testkit::browser::{Browser, summarize_png};
+use contrail_testkit::cosmos::{
     compare_documents, containers_at, expected_documents, query_documents, read_documents,
 };
-use contrail_integration_tests::dedup::{
-    OracleRules, delta_identities, expect, expected_final_state, raw_records,
-};
-use contrail_integration_tests::delta::verify_tables;
-use contrail_integration_tests::up::UpUnderTest;
-use contrail_integration_tests::{Probe, TopicReader, quiescent_ends, read_topic, test_dir};
-use contrail_proto::v1::{Alert, EventType, FlightState, OperationalEvent, ServingChange};
+use contrail_testkit::dedup::{OracleRules, delta_identities, expect, expected_final_state, raw_records};
+use contrail_testkit::delta::verify_tables;
+use contrail_testkit::up::UpUnderTest;
+use contrail_testkit::{Probe, TopicReader, quiescent_ends, read_topic, test_dir};
 
 /// The ingest token of the month test's platform.
 const MONTH_TOKEN: &str = "month-test-ingest-token-0123456789";
@@ -192,7 +190,7 @@ fn replay_with_chaos_and_check(run: ChaosRun<'_>) {
     })
     .expect("replaying");
     let ingest = format!("{}/v1/events", up.ingest_url());
-    let unauthenticated = contrail_integration_tests::http_post(&ingest, "{}").expect("ingest answers");
+    let unauthenticated = contrail_testkit::http_post(&ingest, "{}").expect("ingest answers");
     assert!(unauthenticated.starts_with("HTTP/1.1 401"), "{unauthenticated}");
     let summary = up.wait_summary(run.settle).expect("contrail up settles");
     let output = up.output();
@@ -647,13 +645,12 @@ fn the_flight_board_updates_live_and_shows_a_flights_history_in_chromium() {
 
 /// Runs `contrail ARGS` (with the platform's port offset); (success, stdout, stderr).
 fn contrail(up: &UpUnderTest, args: &[&str]) -> (bool, String, String) {
-    let output = std::process::Command::new(
-        contrail_integration_tests::workspace_binary("contrail").expect("contrail"),
-    )
-    .args(args)
-    .env("CONTRAIL_PORT_OFFSET", up.offset.to_string())
-    .output()
-    .expect("run contrail");
+    let output =
+        std::process::Command::new(contrail_testkit::workspace_binary("contrail").expect("contrail"))
+            .args(args)
+            .env("CONTRAIL_PORT_OFFSET", up.offset.to_string())
+            .output()
+            .expect("run contrail");
     (
         output.status.success(),
         String::from_utf8_lossy(&output.stdout).into_owned(),

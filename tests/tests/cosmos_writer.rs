@@ -3,11 +3,11 @@
 
 use std::time::Duration;
 
-use contrail_integration_tests::cosmos::{
+use contrail_testkit::cosmos::{
     CosmosDev, CosmosStage, contract_documents, contract_problems, curated_stream, produce_states, writer_env,
 };
-use contrail_integration_tests::dedup::{realistic_feed, replay_events};
-use contrail_integration_tests::{Moments, create_topics, shared_broker, test_dir, unique};
+use contrail_testkit::dedup::{realistic_feed, replay_events};
+use contrail_testkit::{Moments, create_topics, shared_broker, test_dir, unique};
 
 #[test]
 fn kill_9_and_replays_leave_every_flight_at_its_highest_version() {

@@ -1,17 +1,17 @@
 //! dedup-state as a real process against the real broker: `kill -9` at random moments (also during
 //! checkpoint uploads), restore of a lost shard directory from the checkpoint store, and rescale
 //! (an instance leaves, the other takes its shards). Every test checks the outputs against the
-//! oracle of `contrail_integration_tests::dedup`, computed from the raw topic's records.
+//! oracle of `contrail_testkit::dedup`, computed from the raw topic's records.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use contrail_flightdata::ReplayConfig;
-use contrail_integration_tests::dedup::{
+use contrail_testkit::dedup::{
     DedupOptions, DedupTopics, DedupUnderTest, OracleRules, check_outputs, expect, produce_events,
     raw_records, realistic_feed, replay_events, start_dedup_state,
 };
-use contrail_integration_tests::{Moments, create_topics, read_topic, shared_broker, test_dir, unique};
+use contrail_testkit::{Moments, create_topics, read_topic, shared_broker, test_dir, unique};
 use rdkafka::message::OwnedMessage;
 
 fn read_all(brokers: &str, topic: &str, at_least: usize) -> Vec<OwnedMessage> {
@@ -273,8 +273,8 @@ fn when_an_instance_leaves_the_other_takes_its_shards() {
     let (half, total) = half_and_half(&events);
     let dir = test_dir("dedup-rescale");
     let group = unique("g");
-    let port_a = contrail_integration_tests::free_port();
-    let port_b = contrail_integration_tests::free_port();
+    let port_a = contrail_testkit::free_port();
+    let port_b = contrail_testkit::free_port();
     let peers = format!("[\"http://127.0.0.1:{port_a}\",\"http://127.0.0.1:{port_b}\"]");
     let mut a = start_dedup_state(DedupOptions {
         dir: dir.join("a"),
@@ -429,8 +429,7 @@ fn undecodable_and_mismatched_records_go_to_the_dead_letter_topic_and_processing
         status.counters
     );
     // The same counts on the Prometheus endpoint, with the commit and state metrics.
-    let metrics =
-        contrail_integration_tests::http_get(&format!("{}/metrics", stage.http_url)).expect("metrics");
+    let metrics = contrail_testkit::http_get(&format!("{}/metrics", stage.http_url)).expect("metrics");
     for expected in [
         "contrail_dedup_events_total{verdict=\"invalid\"} 2",
         "contrail_dedup_events_total{verdict=\"accepted\"} 50",
@@ -494,7 +493,7 @@ fn first_appearances_out_of_order(
 /// with the in-flight count back at exactly 0.
 #[test]
 fn a_broker_outage_holds_the_outputs_and_they_arrive_in_input_order() {
-    use contrail_integration_tests::Broker;
+    use contrail_testkit::Broker;
     let broker = Broker::start().expect("own broker: this test freezes it");
     let topics = DedupTopics::unique();
     create_topics(&broker.address, &[&topics.raw], 2).expect("raw topic");
@@ -522,17 +521,11 @@ fn a_broker_outage_holds_the_outputs_and_they_arrive_in_input_order() {
     stage
         .process
         .wait_until("5,000 records processed", Duration::from_secs(120), || {
-            Ok(
-                match contrail_integration_tests::dedup::status_of(&grpc, &token) {
-                    Ok(status) if processed(&status) >= 5_000.0 => {
-                        contrail_integration_tests::Probe::Ready(())
-                    }
-                    Ok(status) => {
-                        contrail_integration_tests::Probe::NotYet(format!("{} processed", processed(&status)))
-                    }
-                    Err(error) => contrail_integration_tests::Probe::NotYet(format!("{error:#}")),
-                },
-            )
+            Ok(match contrail_testkit::dedup::status_of(&grpc, &token) {
+                Ok(status) if processed(&status) >= 5_000.0 => contrail_testkit::Probe::Ready(()),
+                Ok(status) => contrail_testkit::Probe::NotYet(format!("{} processed", processed(&status))),
+                Err(error) => contrail_testkit::Probe::NotYet(format!("{error:#}")),
+            })
         })
         .expect("processing");
     broker.pause();
@@ -581,8 +574,8 @@ fn a_broker_outage_holds_the_outputs_and_they_arrive_in_input_order() {
         state.input.map(|input| (input.partition, input.offset))
     };
     let everything = |topic: &str| {
-        let ends = contrail_integration_tests::settled_ends(&broker.address, topic, Duration::from_secs(2))
-            .expect(topic);
+        let ends =
+            contrail_testkit::settled_ends(&broker.address, topic, Duration::from_secs(2)).expect(topic);
         read_all(&broker.address, topic, ends.values().sum::<i64>() as usize)
     };
     for (topic, problems) in [

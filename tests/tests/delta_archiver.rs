@@ -5,14 +5,12 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use contrail_integration_tests::cosmos::{CosmosStage, metric_at, status_at};
-use contrail_integration_tests::dedup::{realistic_feed, replay_events};
-use contrail_integration_tests::delta::{
+use contrail_testkit::cosmos::{CosmosStage, metric_at, status_at};
+use contrail_testkit::dedup::{realistic_feed, replay_events};
+use contrail_testkit::delta::{
     HistoryStream, TableReport, produce_with_redeliveries, topic_ends, verify_tables,
 };
-use contrail_integration_tests::{
-    Moments, Probe, create_topics, shared_broker, test_dir, unique, workspace_binary,
-};
+use contrail_testkit::{Moments, Probe, create_topics, shared_broker, test_dir, unique, workspace_binary};
 
 const TABLES: [&str; 4] = ["events", "flight_states", "late_events", "serving_changes"];
 
@@ -371,9 +369,8 @@ fn undecodable_records_go_to_the_dead_letter_topic_and_do_not_stop_the_partition
     stage
         .wait_positions(&ends, Duration::from_secs(120))
         .expect("archived past the garbage");
-    let letters =
-        contrail_integration_tests::read_topic(&broker.address, &topics.dlq, 2, Duration::from_secs(30))
-            .expect("dead letters");
+    let letters = contrail_testkit::read_topic(&broker.address, &topics.dlq, 2, Duration::from_secs(30))
+        .expect("dead letters");
     assert_eq!(letters.len(), 2, "one dead letter per undecodable record");
     for letter in &letters {
         use prost::Message as _;

@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use contrail_integration_tests::{test_dir, workspace_binary};
+use contrail_testkit::{test_dir, workspace_binary};
 
 #[derive(Debug, serde::Deserialize)]
 struct Report {

@@ -7,7 +7,7 @@
 //!   offsets: every Delta table still holds one row per identity.
 //! - Event ids unique per flight only: two flights' events with the same ids are all archived.
 //!
-//! Expectations come from the oracle of `contrail_integration_tests::dedup` (DESIGN §3 re-derived
+//! Expectations come from the oracle of `contrail_testkit::dedup` (DESIGN §3 re-derived
 //! from the raw topic's records) and the tables are read by the independent reader.
 
 use std::collections::BTreeMap;
@@ -15,16 +15,16 @@ use std::path::Path;
 use std::time::Duration;
 
 use contrail_flightdata::ReplayConfig;
-use contrail_integration_tests::cosmos::CosmosStage;
-use contrail_integration_tests::dedup::{
+use contrail_proto::v1::{EventData, EventType, OperationalEvent};
+use contrail_testkit::cosmos::CosmosStage;
+use contrail_testkit::dedup::{
     DedupOptions, DedupTopics, DedupUnderTest, Expected, OracleRules, check_outputs, delta_identities,
     expect, produce_events, raw_records, realistic_feed, replay_events, start_dedup_state,
 };
-use contrail_integration_tests::delta::{TableReport, verify_tables};
-use contrail_integration_tests::{
+use contrail_testkit::delta::{TableReport, verify_tables};
+use contrail_testkit::{
     create_topics, quiescent_ends, read_topic, settled_ends, shared_broker, test_dir, unique,
 };
-use contrail_proto::v1::{EventData, EventType, OperationalEvent};
 
 /// Every topic of a dedup-state deployment, created with one partition (one shard, one topic
 /// partition per output: copies of a restored shard land in the same partition as the originals).

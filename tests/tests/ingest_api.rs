@@ -6,10 +6,10 @@ use std::io::Write;
 use std::time::Duration;
 
 use contrail_events::{Limits, validate_record};
-use contrail_integration_tests::{
+use contrail_proto::v1::{DeadLetter, OperationalEvent};
+use contrail_testkit::{
     IngestOptions, IngestUnderTest, event_ids, key_of, read_topic, shared_broker, start_ingest,
 };
-use contrail_proto::v1::{DeadLetter, OperationalEvent};
 use prost::Message as _;
 use rdkafka::Message as _;
 use serde_json::{Value, json};

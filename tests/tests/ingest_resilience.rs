@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::extract::{Query, State};
-use contrail_integration_tests::{Broker, IngestOptions, event_ids, read_topic, shared_broker, start_ingest};
+use contrail_testkit::{Broker, IngestOptions, event_ids, read_topic, shared_broker, start_ingest};
 use serde_json::{Value, json};
 
 fn real_events(from_day: u32, count: usize) -> Vec<Value> {
@@ -238,7 +238,7 @@ async fn pull_sources_survive_kill9_and_resume_from_their_cursor() {
     let feed_address = listener.local_addr().expect("address");
     tokio::spawn(async move { axum::serve(listener, app).await });
 
-    let dir = std::env::temp_dir().join(contrail_integration_tests::unique("pull"));
+    let dir = std::env::temp_dir().join(contrail_testkit::unique("pull"));
     std::fs::create_dir_all(&dir).expect("dir");
     let config_path = dir.join("ingest.toml");
     let mut config = String::from("source_concurrency = 4\n");
@@ -326,7 +326,7 @@ async fn pull_sources_survive_kill9_and_resume_from_their_cursor() {
 #[tokio::test(flavor = "multi_thread")]
 async fn the_replay_source_publishes_the_seeded_feed_exactly() {
     let data_dir = contrail_flightdata::default_data_dir().expect("data");
-    let dir = std::env::temp_dir().join(contrail_integration_tests::unique("replay-source"));
+    let dir = std::env::temp_dir().join(contrail_testkit::unique("replay-source"));
     std::fs::create_dir_all(&dir).expect("dir");
     let config_path = dir.join("ingest.toml");
     std::fs::write(

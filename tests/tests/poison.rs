@@ -8,16 +8,14 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use contrail_integration_tests::cosmos::{
+use contrail_proto::v1::{DeadLetter, FlightState, OperationalEvent};
+use contrail_testkit::cosmos::{
     CosmosDev, CosmosStage, contract_documents, contract_problems, curated_stream, sync_env, writer_env,
 };
-use contrail_integration_tests::dedup::{
-    DedupOptions, DedupTopics, produce_events, replay_events, start_dedup_state,
-};
-use contrail_integration_tests::{
+use contrail_testkit::dedup::{DedupOptions, DedupTopics, produce_events, replay_events, start_dedup_state};
+use contrail_testkit::{
     IngestOptions, TopicReader, create_topics, read_topic, shared_broker, start_ingest, test_dir, unique,
 };
-use contrail_proto::v1::{DeadLetter, FlightState, OperationalEvent};
 use prost::Message as _;
 use rdkafka::Message as _;
 use rdkafka::producer::Producer as _;
@@ -407,14 +405,12 @@ fn a_regenerated_cosmos_key_is_an_outage_not_poison() {
             "cosmos-writer reports the outage (/readyz 503)",
             Duration::from_secs(60),
             || {
-                Ok(match contrail_integration_tests::http_get(&readyz) {
-                    Ok(answer) if answer.starts_with("HTTP/1.1 503") => {
-                        contrail_integration_tests::Probe::Ready(())
+                Ok(match contrail_testkit::http_get(&readyz) {
+                    Ok(answer) if answer.starts_with("HTTP/1.1 503") => contrail_testkit::Probe::Ready(()),
+                    Ok(answer) => {
+                        contrail_testkit::Probe::NotYet(answer.lines().next().unwrap_or_default().to_owned())
                     }
-                    Ok(answer) => contrail_integration_tests::Probe::NotYet(
-                        answer.lines().next().unwrap_or_default().to_owned(),
-                    ),
-                    Err(error) => contrail_integration_tests::Probe::NotYet(error.to_string()),
+                    Err(error) => contrail_testkit::Probe::NotYet(error.to_string()),
                 })
             },
         )
@@ -493,7 +489,7 @@ async fn ingest_with_refused_broker_credentials_is_unavailable_not_lossy() {
     .await
     .expect("join")
     .expect("topics");
-    let mut refused = contrail_integration_tests::spawn_ingest(IngestOptions {
+    let mut refused = contrail_testkit::spawn_ingest(IngestOptions {
         brokers: &broker.address,
         extra_env: vec![
             ("CONTRAIL_CONFIG_FILE".to_owned(), config.display().to_string()),
@@ -511,20 +507,16 @@ async fn ingest_with_refused_broker_credentials_is_unavailable_not_lossy() {
     refused
         .process
         .wait_until("ingest answering on HTTP", Duration::from_secs(60), || {
-            Ok(
-                match contrail_integration_tests::http_get(&format!("{http}/healthz")) {
-                    Ok(answer) if answer.starts_with("HTTP/1.1 200") => {
-                        contrail_integration_tests::Probe::Ready(())
-                    }
-                    Ok(answer) => contrail_integration_tests::Probe::NotYet(
-                        answer.lines().next().unwrap_or_default().to_owned(),
-                    ),
-                    Err(error) => contrail_integration_tests::Probe::NotYet(error.to_string()),
-                },
-            )
+            Ok(match contrail_testkit::http_get(&format!("{http}/healthz")) {
+                Ok(answer) if answer.starts_with("HTTP/1.1 200") => contrail_testkit::Probe::Ready(()),
+                Ok(answer) => {
+                    contrail_testkit::Probe::NotYet(answer.lines().next().unwrap_or_default().to_owned())
+                }
+                Err(error) => contrail_testkit::Probe::NotYet(error.to_string()),
+            })
         })
         .expect("live");
-    let ready = contrail_integration_tests::http_get(&format!("{http}/readyz")).expect("readyz");
+    let ready = contrail_testkit::http_get(&format!("{http}/readyz")).expect("readyz");
     assert!(
         ready.starts_with("HTTP/1.1 503"),
         "not ready while the broker refuses it: {ready}"

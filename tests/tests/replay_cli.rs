@@ -9,9 +9,7 @@ use rdkafka::Message as _;
 use std::process::Command;
 use std::time::Duration;
 
-use contrail_integration_tests::{
-    IngestOptions, event_ids, read_topic, shared_broker, start_ingest, workspace_binary,
-};
+use contrail_testkit::{IngestOptions, event_ids, read_topic, shared_broker, start_ingest, workspace_binary};
 
 #[test]
 fn replay_posts_one_day_of_real_flights_with_duplicates() {

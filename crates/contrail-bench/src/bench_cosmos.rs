@@ -25,12 +25,12 @@ use anyhow::{Context, Result};
 use clap::Parser;
 use common::{counter, histogram_quantile, percentile};
 use contrail_flightdata::ReplayConfig;
-use contrail_integration_tests::cosmos::{
+use contrail_proto::v1::{FlightState, ServingChange};
+use contrail_testkit::cosmos::{
     CosmosDev, CosmosStage, DEV_KEY, curated_stream, expected_documents, produce_states, sync_env, writer_env,
 };
-use contrail_integration_tests::dedup::replay_events;
-use contrail_integration_tests::{Broker, create_topics, read_topic};
-use contrail_proto::v1::{FlightState, ServingChange};
+use contrail_testkit::dedup::replay_events;
+use contrail_testkit::{Broker, create_topics, read_topic};
 use futures::StreamExt;
 use prost::Message as _;
 use rdkafka::Message as _;

@@ -25,11 +25,11 @@ use anyhow::{Context, Result};
 use clap::Parser;
 use common::percentile;
 use contrail_flightdata::ReplayConfig;
-use contrail_integration_tests::dedup::{
+use contrail_proto::v1::FlightState;
+use contrail_testkit::dedup::{
     DedupOptions, DedupTopics, DedupUnderTest, produce_events, replay_events, start_dedup_state,
 };
-use contrail_integration_tests::{Broker, create_topics, read_topic};
-use contrail_proto::v1::FlightState;
+use contrail_testkit::{Broker, create_topics, read_topic};
 use prost::Message as _;
 use rdkafka::Message as _;
 use rdkafka::config::ClientConfig;

@@ -29,10 +29,10 @@ use contrail_delta_archiver::row::{KafkaPosition, Row, decode};
 use contrail_delta_archiver::table::{CommitOutcome, Tables, TxnUpdate};
 use contrail_flightdata::ReplayConfig;
 use contrail_history::Table;
-use contrail_integration_tests::cosmos::CosmosStage;
-use contrail_integration_tests::dedup::replay_events;
-use contrail_integration_tests::delta::{HistoryStream, produce_with_redeliveries, topic_ends};
-use contrail_integration_tests::{Broker, create_topics};
+use contrail_testkit::cosmos::CosmosStage;
+use contrail_testkit::dedup::replay_events;
+use contrail_testkit::delta::{HistoryStream, produce_with_redeliveries, topic_ends};
+use contrail_testkit::{Broker, create_topics};
 
 /// Delta Lake history benchmark (see the crate docs).
 #[derive(Parser)]

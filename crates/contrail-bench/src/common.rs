@@ -47,7 +47,7 @@ pub fn histogram_quantile(metrics: &str, name: &str, fraction: f64) -> f64 {
 }
 
 /// A counter from a stage's admin `Status` (0 when absent or unreachable).
-pub fn counter(stage: &contrail_integration_tests::cosmos::CosmosStage, name: &str) -> f64 {
+pub fn counter(stage: &contrail_testkit::cosmos::CosmosStage, name: &str) -> f64 {
     stage
         .status()
         .ok()

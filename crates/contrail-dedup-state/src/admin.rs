@@ -16,7 +16,7 @@ use tonic::{Request, Response, Status};
 use crate::checkpointing::{Coordinator, RoundOutcome};
 use crate::metrics::DedupMetrics;
 use crate::processor::FLIGHT_STATE;
-use crate::worker::ShardSet;
+use crate::shards::ShardSet;
 
 /// The admin service.
 pub struct DedupAdmin {

@@ -16,8 +16,10 @@ pub mod admin;
 pub mod checkpointing;
 pub mod config;
 pub mod error;
+pub mod in_flight;
 pub mod metrics;
 pub mod processor;
+pub mod shards;
 pub mod worker;
 
 use std::collections::BTreeSet;
@@ -40,7 +42,8 @@ pub use config::DedupStateConfig;
 pub use error::DedupStateError;
 
 use crate::checkpointing::{ControlServer, Coordinator};
-use crate::worker::{GroupContext, OutputContext, Processing, ShardSet, WorkerSettings};
+use crate::shards::{OutputContext, Processing, ShardSet};
+use crate::worker::{GroupContext, WorkerSettings};
 
 /// librdkafka settings of the output producer: idempotent, all replicas, and no delivery timeout
 /// (`message.timeout.ms = 0`): an output waits for the broker however long it is away. A timed-out
@@ -76,7 +79,7 @@ pub async fn run(config: DedupStateConfig, shutdown: Shutdown) -> Result<(), Ded
 
     let (delivery_sender, delivery_receiver) = std::sync::mpsc::channel();
     let producer: ThreadedProducer<OutputContext> = producer_config(&config)?
-        .create_with_context(worker::output_context(delivery_sender))
+        .create_with_context(shards::output_context(delivery_sender))
         .map_err(|error| DedupStateError::Broker(format!("producer: {error}")))?;
     let shards = Arc::new(ShardSet::new(
         config.state_dir.clone(),

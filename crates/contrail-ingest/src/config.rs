@@ -162,6 +162,18 @@ pub struct HttpPollConfig {
     pub request_timeout_ms: u64,
 }
 
+/// Whether this build carries the nycflights13 replay source (cargo feature `replay`).
+pub const REPLAY_BUILT: bool = cfg!(feature = "replay");
+
+/// The start-up error for a replay source in a build without the `replay` feature.
+pub fn replay_not_built(name: &str) -> String {
+    format!(
+        "sources.{name}: kind = \"replay\" (the nycflights13 demo source) is not in this build of \
+         ingest (built without the cargo feature `replay`, as production images are); remove the \
+         source or use a build with default features"
+    )
+}
+
 /// The nycflights13 replay as a pull source.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -213,6 +225,11 @@ fn default_seed() -> u64 {
 impl IngestConfig {
     /// Checks what serde cannot: names, ranges, relations. Errors name the key and the value.
     pub fn validate(&self) -> Result<(), String> {
+        self.validate_for_build(REPLAY_BUILT)
+    }
+
+    /// [`IngestConfig::validate`] for a build with or without the replay source.
+    fn validate_for_build(&self, replay_built: bool) -> Result<(), String> {
         let limits = &self.limits;
         if limits.max_records_per_request == 0 || limits.max_in_flight_records == 0 {
             return Err(
@@ -251,6 +268,9 @@ impl IngestConfig {
                 return Err(format!("sources: name {name:?} is used twice"));
             }
             if let SourceConfig::Replay(replay) = source {
+                if !replay_built {
+                    return Err(replay_not_built(name));
+                }
                 for (key, value) in [
                     ("duplicate_rate", replay.duplicate_rate),
                     ("straggler_rate", replay.straggler_rate),
@@ -262,5 +282,41 @@ impl IngestConfig {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_replay_source() -> IngestConfig {
+        let mut config = IngestConfig::default();
+        config.sources.push(SourceConfig::Replay(ReplaySourceConfig {
+            name: "demo".to_owned(),
+            data_dir: None,
+            from: None,
+            to: None,
+            seed: 7,
+            duplicate_rate: 0.1,
+            max_disorder_minutes: 0,
+            straggler_rate: 0.0,
+            rate_limit: 0,
+            page_size: 100,
+        }));
+        config
+    }
+
+    #[test]
+    fn a_replay_source_needs_a_build_with_the_replay_feature() {
+        let config = with_replay_source();
+        assert_eq!(config.validate_for_build(true), Ok(()));
+        let error = config
+            .validate_for_build(false)
+            .expect_err("refused without the feature");
+        assert!(error.contains("sources.demo"), "{error}");
+        assert!(error.contains("`replay`"), "{error}");
+        // This workspace's build (default features) carries it.
+        const { assert!(REPLAY_BUILT) };
+        assert_eq!(config.validate(), Ok(()));
     }
 }

@@ -10,6 +10,7 @@
 
 mod cursor;
 mod http_poll;
+#[cfg(feature = "replay")]
 mod replay;
 
 use std::collections::BTreeMap;
@@ -24,6 +25,7 @@ use tokio::sync::Semaphore;
 
 pub use cursor::CursorStore;
 pub use http_poll::HttpPollSource;
+#[cfg(feature = "replay")]
 pub use replay::ReplaySource;
 
 use crate::error::IngestError;

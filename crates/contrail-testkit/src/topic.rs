@@ -1,0 +1,236 @@
+//! Topics: creating them, reading them back whole (every partition, no consumer group), keys.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::OwnedMessage;
+use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
+
+/// A group-less consumer assigned every partition of `topic` from the beginning.
+fn reader_from_beginning(brokers: &str, topic: &str) -> Result<BaseConsumer> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", "contrail-testkit-reader")
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "false")
+        .create()
+        .context("consumer")?;
+    let metadata = consumer
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .context("metadata")?;
+    let partitions: Vec<i32> = metadata
+        .topics()
+        .iter()
+        .filter(|candidate| candidate.name() == topic)
+        .flat_map(|candidate| candidate.partitions().iter().map(|partition| partition.id()))
+        .collect();
+    if partitions.is_empty() {
+        bail!("topic {topic} has no partitions (does it exist?)");
+    }
+    let mut assignment = TopicPartitionList::new();
+    for partition in &partitions {
+        assignment.add_partition_offset(topic, *partition, Offset::Beginning)?;
+    }
+    consumer.assign(&assignment)?;
+    Ok(consumer)
+}
+
+/// How long [`quiescent_ends`] waits for a topic's first record.
+const FIRST_RECORD_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// The end offset of every partition of `topic` that holds records, read from the topic until no
+/// record arrived for `idle` after the first one (what was produced so far; call it once the
+/// producers are done). The local broker's high watermarks were seen below offsets it had already
+/// served, so tests read the ends instead of asking for them. Fails if the topic shows no record
+/// within two minutes.
+pub fn quiescent_ends(brokers: &str, topic: &str, idle: Duration) -> Result<BTreeMap<i32, i64>> {
+    let mut reader = TopicReader::open(brokers, topic)?;
+    reader.keep = false;
+    let opened = Instant::now();
+    while reader.ends.is_empty() {
+        if opened.elapsed() > FIRST_RECORD_TIMEOUT {
+            bail!("no record on {topic} within {FIRST_RECORD_TIMEOUT:?}: the topic is empty or unreadable");
+        }
+        reader.poll_for(Duration::from_millis(200))?;
+    }
+    while reader.poll_for(idle)? > 0 {}
+    Ok(reader.ends)
+}
+
+/// The end offset of every partition of `topic` that holds records, for a topic whose producers
+/// are known to be done (the topic may be empty): read until nothing arrived for `idle`.
+pub fn settled_ends(brokers: &str, topic: &str, idle: Duration) -> Result<BTreeMap<i32, i64>> {
+    let mut reader = TopicReader::open(brokers, topic)?;
+    reader.keep = false;
+    while reader.poll_for(idle)? > 0 {}
+    Ok(reader.ends)
+}
+
+/// A group-less reader of every partition of one topic from the beginning, accumulating what it
+/// read. Use it where a test reads a topic repeatedly (one consumer, no re-reads).
+pub struct TopicReader {
+    consumer: BaseConsumer,
+    topic: String,
+    messages: Vec<OwnedMessage>,
+    /// Per partition, one past the highest offset read.
+    ends: BTreeMap<i32, i64>,
+    keep: bool,
+}
+
+impl TopicReader {
+    /// Opens the reader (fails if the topic does not exist).
+    pub fn open(brokers: &str, topic: &str) -> Result<TopicReader> {
+        Ok(TopicReader {
+            consumer: reader_from_beginning(brokers, topic)?,
+            topic: topic.to_owned(),
+            messages: Vec::new(),
+            ends: BTreeMap::new(),
+            keep: true,
+        })
+    }
+
+    /// Reads what arrives within `duration`; returns how many records arrived.
+    pub fn poll_for(&mut self, duration: Duration) -> Result<usize> {
+        let deadline = Instant::now() + duration;
+        let mut arrived = 0;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.consumer.poll(left.min(Duration::from_millis(100))) {
+                Some(Ok(message)) => {
+                    arrived += 1;
+                    let end = self.ends.entry(message.partition()).or_insert(0);
+                    *end = (*end).max(message.offset() + 1);
+                    if self.keep {
+                        self.messages.push(message.detach());
+                    }
+                }
+                Some(Err(error)) => bail!("reading {}: {error}", self.topic),
+                None => {}
+            }
+            if left.is_zero() {
+                return Ok(arrived);
+            }
+        }
+    }
+
+    /// Reads until at least `expected` records were read in all; the error says how many were
+    /// read per partition when `timeout` passes.
+    pub fn read_at_least(&mut self, expected: usize, timeout: Duration) -> Result<()> {
+        let started = Instant::now();
+        while self.messages.len() < expected {
+            if started.elapsed() >= timeout {
+                bail!(
+                    "read {} of {expected} records of {} in {:.1} s; ends per partition: {:?}",
+                    self.messages.len(),
+                    self.topic,
+                    started.elapsed().as_secs_f64(),
+                    self.ends
+                );
+            }
+            self.poll_for(Duration::from_millis(200))?;
+        }
+        Ok(())
+    }
+
+    /// Everything read so far, in arrival order.
+    pub fn messages(&self) -> &[OwnedMessage] {
+        &self.messages
+    }
+
+    /// Per partition, one past the highest offset read so far.
+    pub fn ends(&self) -> &BTreeMap<i32, i64> {
+        &self.ends
+    }
+
+    /// The records read.
+    pub fn into_messages(self) -> Vec<OwnedMessage> {
+        self.messages
+    }
+}
+
+/// Reads every record of `topic` (all partitions, from the beginning, no consumer group) until
+/// `expected` records were read, then 500 ms more, so records beyond the expectation (copies)
+/// show up too. Fails, naming what it read, if fewer than `expected` arrive within `timeout`.
+pub fn read_topic(
+    brokers: &str,
+    topic: &str,
+    expected: usize,
+    timeout: Duration,
+) -> Result<Vec<OwnedMessage>> {
+    let mut reader = TopicReader::open(brokers, topic)?;
+    reader.read_at_least(expected, timeout)?;
+    reader.poll_for(Duration::from_millis(500))?;
+    Ok(reader.into_messages())
+}
+
+/// Creates topics (ignoring "already exists").
+pub fn create_topics(brokers: &str, topics: &[&str], partitions: i32) -> Result<()> {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use rdkafka::client::DefaultClientContext;
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()
+        .context("admin client")?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let new_topics: Vec<NewTopic> = topics
+        .iter()
+        .map(|topic| NewTopic::new(topic, partitions, TopicReplication::Fixed(1)))
+        .collect();
+    let results = runtime.block_on(admin.create_topics(&new_topics, &AdminOptions::new()))?;
+    for result in results {
+        if let Err((topic, code)) = result
+            && code != rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists
+        {
+            bail!("create topic {topic}: {code}");
+        }
+    }
+    Ok(())
+}
+
+/// A message's key as UTF-8 (empty when absent).
+pub fn key_of(message: &OwnedMessage) -> String {
+    message
+        .key()
+        .map(|key| String::from_utf8_lossy(key).into_owned())
+        .unwrap_or_default()
+}
+
+/// An idempotent producer for tests (acks from all replicas, 5 ms linger).
+pub fn test_producer(
+    brokers: &str,
+) -> anyhow::Result<rdkafka::producer::ThreadedProducer<rdkafka::producer::DefaultProducerContext>> {
+    use anyhow::Context as _;
+    rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("enable.idempotence", "true")
+        .set("linger.ms", "5")
+        .create()
+        .context("producer")
+}
+
+/// Sends one record, waiting while the producer's local queue is full.
+pub fn send_waiting(
+    producer: &rdkafka::producer::ThreadedProducer<rdkafka::producer::DefaultProducerContext>,
+    topic: &str,
+    key: &str,
+    payload: &[u8],
+) -> anyhow::Result<()> {
+    let mut record = rdkafka::producer::BaseRecord::to(topic).key(key).payload(payload);
+    loop {
+        match producer.send(record) {
+            Ok(()) => return Ok(()),
+            Err((
+                rdkafka::error::KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull),
+                back,
+            )) => {
+                record = back;
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err((error, _)) => anyhow::bail!("produce to {topic}: {error}"),
+        }
+    }
+}
