@@ -33,7 +33,7 @@ if [ -z "${CONTRAIL_TANSU_BIN:-}" ]; then
 fi
 "$CONTRAIL_TANSU_BIN" --version >/dev/null
 
-# The independent reader of the Delta tables in the tests (tests/python/verify_delta.py).
+# The independent reader of the Delta tables in the tests (crates/contrail-testkit/python/verify_delta.py).
 if ! python3 -c 'import deltalake, polars, pyarrow' >/dev/null 2>&1; then
   echo "setup: installing deltalake, polars and pyarrow (Python) for the independent Delta reader"
   python3 -m pip install --quiet --disable-pip-version-check deltalake==1.1.4 polars==1.31.0 pyarrow==21.0.0

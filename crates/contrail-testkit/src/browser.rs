@@ -78,8 +78,9 @@ fn block_on<T, E: std::fmt::Display>(
     what: &str,
     call: impl Future<Output = Result<T, E>>,
 ) -> Result<T> {
+    // The timer needs the runtime's context: create it inside `block_on`.
     runtime
-        .block_on(tokio::time::timeout(timeout, call))
+        .block_on(async { tokio::time::timeout(timeout, call).await })
         .map_err(|_| anyhow!("{what}: no answer within {timeout:?}"))?
         .map_err(|error| anyhow!("{what}: {error}"))
 }

