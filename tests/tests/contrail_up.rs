@@ -632,6 +632,10 @@ fn the_flight_board_updates_live_and_shows_a_flights_history_in_chromium() {
 
     drop(browser);
 
+    // Monitoring: a real Prometheus with the chart's alert rules sees every stage, and a stopped
+    // stage fires ContrailStageDown (before `operate`, which drains changefeed-sync).
+    monitor(&up, &dir);
+
     // The operator's tools against the same platform.
     operate(&up, key, &documents[key]);
 
@@ -641,6 +645,108 @@ fn the_flight_board_updates_live_and_shows_a_flights_history_in_chromium() {
         "contrail up exited with {status}:\n{}",
         up.output()
     );
+}
+
+/// A real Prometheus scrapes the five stages of `up` with the shipped rules (their `for:` shortened
+/// to 3 s): every stage is up and reports its start time, every consuming stage its consumer lag;
+/// then delta-archiver is stopped (SIGSTOP: it cannot answer, like a hung process) and
+/// ContrailStageDown fires for it and for no other stage; once it continues, the alert resolves.
+fn monitor(up: &UpUnderTest, dir: &std::path::Path) {
+    use contrail_testkit::prometheus::{Prometheus, stage_pid};
+    let stages = [
+        ("ingest", 8080),
+        ("dedup-state", 8081),
+        ("cosmos-writer", 8082),
+        ("changefeed-sync", 8083),
+        ("delta-archiver", 8084),
+    ];
+    let targets: Vec<(String, String)> = stages
+        .iter()
+        .map(|(stage, port)| {
+            (
+                format!("contrail-{stage}"),
+                format!("127.0.0.1:{}", port + up.offset),
+            )
+        })
+        .collect();
+    let prometheus = Prometheus::start(&dir.join("prometheus"), &targets, "3s").expect("prometheus");
+    let timeout = Duration::from_secs(60);
+    prometheus
+        .wait_for_series(r#"up{job=~".*contrail.*"} == 1"#, 5, timeout)
+        .expect("every stage scraped");
+    prometheus
+        .wait_for_series("contrail_process_start_time_seconds", 5, timeout)
+        .expect("every stage's start time");
+    let lagging = prometheus
+        .wait_for_series("count by (job) (contrail_consumer_lag_records)", 3, timeout)
+        .expect("the consuming stages' lag");
+    let jobs: BTreeSet<String> = lagging
+        .iter()
+        .map(|series| series["metric"]["job"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    assert_eq!(
+        jobs,
+        [
+            "contrail-cosmos-writer",
+            "contrail-dedup-state",
+            "contrail-delta-archiver"
+        ]
+        .map(str::to_owned)
+        .into(),
+        "the consuming stages export their lag"
+    );
+    let down = |prometheus: &Prometheus| -> Vec<String> {
+        prometheus
+            .alerts()
+            .expect("alerts")
+            .into_iter()
+            .filter(|alert| alert.name == "ContrailStageDown" && alert.state == "firing")
+            .map(|alert| {
+                format!(
+                    "{} {}",
+                    alert.labels["job"].as_str().unwrap_or_default(),
+                    alert.state
+                )
+            })
+            .collect()
+    };
+    assert!(
+        down(&prometheus).is_empty(),
+        "no stage is down yet: {:?}",
+        down(&prometheus)
+    );
+
+    let pid = stage_pid("delta-archiver", 8084 + up.offset).expect("delta-archiver's pid");
+    contrail_testkit::send_signal(pid, contrail_testkit::libc::SIGSTOP);
+    let fired = contrail_testkit::wait_until("ContrailStageDown to fire", timeout, || {
+        let alerts = down(&prometheus);
+        Ok(
+            if alerts
+                .iter()
+                .any(|alert| alert == "contrail-delta-archiver firing")
+            {
+                Probe::Ready(alerts)
+            } else {
+                Probe::NotYet(format!("{alerts:?}"))
+            },
+        )
+    });
+    contrail_testkit::send_signal(pid, contrail_testkit::libc::SIGCONT);
+    let fired = fired.expect("the alert fires for the stopped stage");
+    assert_eq!(
+        fired,
+        vec!["contrail-delta-archiver firing".to_owned()],
+        "only the stopped stage is down"
+    );
+    contrail_testkit::wait_until("ContrailStageDown to resolve", timeout, || {
+        let alerts = down(&prometheus);
+        Ok(if alerts.is_empty() {
+            Probe::Ready(())
+        } else {
+            Probe::NotYet(format!("{alerts:?}"))
+        })
+    })
+    .expect("the alert resolves once the stage answers again");
 }
 
 /// Runs `contrail ARGS` (with the platform's port offset); (success, stdout, stderr).

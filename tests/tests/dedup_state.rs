@@ -191,16 +191,69 @@ fn half_and_half(events: &[contrail_proto::v1::OperationalEvent]) -> (usize, usi
 
 #[test]
 fn a_lost_shard_directory_is_restored_from_the_checkpoint_store() {
+    let dir = test_dir("dedup-restore");
+    lost_shard_directory_restores(&dir, Vec::new());
+}
+
+/// The same with the checkpoint store on Azure Blob Storage (Azurite) at the production URL form:
+/// dedup-state uploads, lists, copies (incremental SSTs) and downloads through object_store's
+/// Azure backend; Microsoft's client sees the complete epochs' manifests below the URL's path.
+#[test]
+fn a_lost_shard_directory_is_restored_from_azure_blob_storage() {
+    use contrail_testkit::azurite::{ACCOUNT, ACCOUNT_KEY, Azurite};
+    let dir = test_dir("dedup-restore-azure");
+    let azurite = Azurite::start(&dir.join("azurite")).expect("Azurite starts");
+    azurite.create_container("checkpoints").expect("container");
+    let options = "CONTRAIL_CHECKPOINT_STORAGE_OPTIONS__";
+    lost_shard_directory_restores(
+        &dir,
+        vec![
+            (
+                "CONTRAIL_CHECKPOINT_URL".into(),
+                format!("abfss://checkpoints@{ACCOUNT}.dfs.core.windows.net/contrail/dedup-state"),
+            ),
+            (format!("{options}AZURE_STORAGE_USE_EMULATOR"), "true".into()),
+            (format!("{options}AZURE_STORAGE_ACCOUNT_NAME"), ACCOUNT.into()),
+            (format!("{options}AZURE_STORAGE_ACCOUNT_KEY"), ACCOUNT_KEY.into()),
+            ("AZURITE_BLOB_STORAGE_URL".into(), azurite.blob_url.clone()),
+        ],
+    );
+    let names = azurite.blob_names("checkpoints").expect("list");
+    let manifests: Vec<&String> = names
+        .iter()
+        .filter(|name| name.ends_with("/MANIFEST.json"))
+        .collect();
+    assert!(
+        manifests.len() >= 2,
+        "two complete epochs in Blob storage: {manifests:?}"
+    );
+    assert!(
+        names
+            .iter()
+            .all(|name| name.starts_with("contrail/dedup-state/epoch-")),
+        "every object below the URL's path: {names:?}"
+    );
+    assert!(
+        !dir.join("checkpoints").exists(),
+        "nothing went to the local directory"
+    );
+}
+
+/// A deployment under `dir` (with `extra_env`) checkpoints twice, loses its shards' volume, and
+/// restores every shard from the newest checkpoint; the outputs are then checked against the
+/// independent expectation.
+fn lost_shard_directory_restores(dir: &Path, extra_env: Vec<(String, String)>) {
     let broker = shared_broker();
     let topics = DedupTopics::unique();
     create_topics(&broker.address, &[&topics.raw], 4).expect("raw topic");
     let events = replay_events((3, 1), (3, 3), realistic_feed(11));
     let (half, total) = half_and_half(&events);
-    let dir = test_dir("dedup-restore");
     let group = unique("g");
+    let mut env = vec![("CONTRAIL_CHECKPOINT__INTERVAL_MS".to_owned(), "0".to_owned())];
+    env.extend(extra_env);
     let mut stage = start_dedup_state(DedupOptions {
-        extra_env: vec![("CONTRAIL_CHECKPOINT__INTERVAL_MS".into(), "0".into())],
-        ..DedupOptions::single(&broker.address, &topics, &group, &dir)
+        extra_env: env,
+        ..DedupOptions::single(&broker.address, &topics, &group, dir)
     })
     .expect("start");
     // Two checkpoints: the second copies the first one's unchanged SST files inside the store

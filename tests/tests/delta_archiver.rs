@@ -5,10 +5,11 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use contrail_testkit::azurite::{ACCOUNT, Azurite};
 use contrail_testkit::cosmos::{CosmosStage, metric_at, status_at};
 use contrail_testkit::dedup::{realistic_feed, replay_events};
 use contrail_testkit::delta::{
-    HistoryStream, TableReport, produce_with_redeliveries, topic_ends, verify_tables,
+    HistoryStream, TableReport, produce_with_redeliveries, topic_ends, verify_tables, verify_tables_at,
 };
 use contrail_testkit::{Moments, Probe, create_topics, shared_broker, test_dir, unique, workspace_binary};
 
@@ -182,6 +183,66 @@ fn check_exactly_once(
             }
         }
     }
+}
+
+/// The production URL form on Azure Storage (Azurite): delta-archiver writes the four tables at
+/// `abfss://history@ACCOUNT.dfs.core.windows.net/contrail/delta`, a kill -9 mid-stream included;
+/// the independent reader (delta-rs' Python binding, polars) finds one row per identity there,
+/// and Microsoft's client lists every blob below `contrail/delta/<table>/` — no table at the
+/// container's root, no path segment lost (what `az://CONTAINER/PATH` roots did).
+#[test]
+fn archives_exactly_once_to_azure_storage_at_the_production_url_form() {
+    let broker = shared_broker();
+    let dir = test_dir("delta-azurite");
+    let azurite = Azurite::start(&dir.join("azurite")).expect("Azurite starts");
+    azurite.create_container("history").expect("container");
+    let root = format!("abfss://history@{ACCOUNT}.dfs.core.windows.net/contrail/delta");
+    let topics = Topics::create(&broker.address, 2);
+    let stream = HistoryStream::from_raw(&replay_events((1, 2), (1, 3), realistic_feed(31)));
+    let expected = stream.expected_identities();
+    let mut env: Vec<(String, String)> = topics
+        .env(&broker.address, &unique("da"), Path::new("unused"))
+        .into_iter()
+        .filter(|(key, _)| key != "CONTRAIL_DELTA_ROOT")
+        .collect();
+    env.push(("CONTRAIL_DELTA_ROOT".to_owned(), root.clone()));
+    env.push(("CONTRAIL_BATCH__MAX_LATENCY_MS".to_owned(), "1000".to_owned()));
+    env.extend(azurite.archiver_env());
+    let mut stage =
+        CosmosStage::start("delta-archiver", env, &dir).expect("delta-archiver starts on Azurite");
+    let producers = spawn_producers(&stream, &topics, &broker.address, 2_000, 41, 200);
+    std::thread::sleep(Duration::from_millis(2_500));
+    stage.restart_after_kill9().expect("restart after kill -9");
+    let (_, ends) = join_producers(producers, &topics, &broker.address);
+    stage
+        .wait_positions(&ends, Duration::from_secs(300))
+        .expect("archived");
+    let reports = verify_tables_at(
+        &root,
+        &azurite.reader_env(),
+        &dir.join("verify"),
+        &expected,
+        &topics.app_ids(2),
+    )
+    .expect("the independent reader reads the tables on Azurite");
+    check_exactly_once(&reports, &expected, &ends, &topics);
+    let names = azurite.blob_names("history").expect("list");
+    for table in TABLES {
+        let log = format!("contrail/delta/{table}/_delta_log/00000000000000000000.json");
+        assert!(names.contains(&log), "{log} in {names:?}");
+    }
+    let astray: Vec<&String> = names
+        .iter()
+        .filter(|name| {
+            !TABLES
+                .iter()
+                .any(|table| name.starts_with(&format!("contrail/delta/{table}/")))
+        })
+        .collect();
+    assert!(
+        astray.is_empty(),
+        "blobs outside the tables' directories: {astray:?}"
+    );
 }
 
 #[test]

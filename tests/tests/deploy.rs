@@ -1,9 +1,13 @@
-//! The deployment files, validated without Docker, a cluster or a helm binary (none exist here):
-//! `tests/python/check_deploy.py` parses the compose file, the chart's YAML and templates and the
-//! Dockerfile, and collects the `CONTRAIL_*` settings each stage gets from them; this test then
-//! starts every stage binary with exactly those settings (`--print-config`), which fails on any key
-//! its config struct does not have (`deny_unknown_fields`), and checks that every binary the
-//! Dockerfile builds is one the workspace builds.
+//! The deployment files, validated with the real tools (no Docker engine or cluster here):
+//! `tests/python/check_deploy.py` lints and renders the chart with helm (default, production and
+//! every-option values), validates every rendered object against the Kubernetes schemas in strict
+//! mode, applies our rules (non-root, seccomp, no service-account token, volumes under every path
+//! a stage writes, separate token sets, NetworkPolicies), checks that the chart refuses unsafe
+//! values, resolves the Dockerfile's builds with `cargo tree` (no test-only feature in an image),
+//! and collects the `CONTRAIL_*` settings each stage gets; this test then starts every stage
+//! binary with exactly those settings (`--print-config`), which fails on any key its config struct
+//! does not have (`deny_unknown_fields`), and checks that every binary the Dockerfile builds is one
+//! the workspace builds.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -16,6 +20,7 @@ struct Report {
     env: BTreeMap<String, BTreeMap<String, Option<String>>>,
     binaries: Vec<String>,
     targets: Vec<String>,
+    rendered: BTreeMap<String, usize>,
 }
 
 fn repo_root() -> PathBuf {
@@ -28,7 +33,7 @@ fn check(root: &Path) -> Report {
         .arg(&script)
         .arg(root)
         .output()
-        .expect("python3 (PyYAML)");
+        .expect("python3 (PyYAML, kubernetes-validate) and helm: scripts/setup.sh installs them");
     assert!(
         output.status.success(),
         "check_deploy.py failed: {}",
@@ -77,11 +82,30 @@ fn print_config(stage: &str, env: &BTreeMap<String, Option<String>>) -> Result<S
     }
 }
 
+/// Copies directory `from` to `to`, recursively.
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).expect("dir");
+    for entry in std::fs::read_dir(from).expect("read_dir") {
+        let entry = entry.expect("entry");
+        let target = to.join(entry.file_name());
+        if entry.file_type().expect("type").is_dir() {
+            copy_tree(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).expect("copy");
+        }
+    }
+}
+
 #[test]
 fn compose_chart_and_dockerfile_use_only_settings_and_binaries_that_exist() {
     let report = check(&repo_root());
     assert!(report.problems.is_empty(), "{:#?}", report.problems);
     assert_eq!(report.env.len(), 5, "{:?}", report.env.keys());
+    // helm rendered every values file into the objects of five stages (and more).
+    for (values, objects) in &report.rendered {
+        assert!(*objects >= 20, "{values} rendered {objects} objects");
+    }
+    assert_eq!(report.rendered.len(), 4, "{:?}", report.rendered);
     for (stage, env) in &report.env {
         assert!(env.contains_key("CONTRAIL_KAFKA__BROKERS"), "{stage}: {env:?}");
         assert!(env.contains_key("CONTRAIL_AUTH__TOKENS_FILE"), "{stage}: {env:?}");
@@ -125,19 +149,13 @@ fn the_checks_catch_an_unknown_setting_and_a_value_the_chart_does_not_define() {
         std::fs::create_dir_all(target.parent().expect("parent")).expect("dir");
         std::fs::copy(repo_root().join(relative), &target).expect("copy");
     };
-    for file in [
-        "docker-compose.yml",
-        ".dockerignore",
-        "deploy/docker/Dockerfile",
-        "deploy/helm/contrail/Chart.yaml",
-        "deploy/helm/contrail/values.yaml",
-        "deploy/helm/contrail/values-production.yaml",
-        "deploy/helm/contrail/templates/_helpers.tpl",
-        "deploy/helm/contrail/templates/stages.yaml",
-        "deploy/helm/contrail/templates/secret.yaml",
-    ] {
+    for file in ["docker-compose.yml", ".dockerignore", "deploy/docker/Dockerfile"] {
         copy(file);
     }
+    copy_tree(
+        &repo_root().join("deploy/helm/contrail"),
+        &root.join("deploy/helm/contrail"),
+    );
     // A misspelled setting in the values, and a template reading a value nobody defined.
     let values = root.join("deploy/helm/contrail/values.yaml");
     let text = std::fs::read_to_string(&values).expect("values");
@@ -155,15 +173,29 @@ fn the_checks_catch_an_unknown_setting_and_a_value_the_chart_does_not_define() {
     )
     .expect("write");
 
+    // A stage that writes its checkpoints where no volume is mounted (the defect of the first
+    // chart: read-only root, the volume only with an existing claim).
+    let stages = root.join("deploy/helm/contrail/templates/stages.yaml");
+    let text = std::fs::read_to_string(&stages).expect("template");
+    let broken: String = text
+        .lines()
+        .filter(|line| !line.contains("- { name: checkpoints, mountPath"))
+        .map(|line| format!("{line}\n"))
+        .collect();
+    assert_ne!(broken, text, "the checkpoint mount was found");
+    std::fs::write(&stages, broken).expect("write");
+
     let report = check(&root);
-    assert!(
-        report
-            .problems
-            .iter()
-            .any(|problem| problem.contains(".Values.secrets.cosmosKye")),
-        "{:#?}",
-        report.problems
-    );
+    for expected in [
+        ".Values.secrets.cosmosKye",
+        "writes CONTRAIL_CHECKPOINT_URL=/var/lib/contrail-checkpoints, which is on no writable volume",
+    ] {
+        assert!(
+            report.problems.iter().any(|problem| problem.contains(expected)),
+            "{expected}: {:#?}",
+            report.problems
+        );
+    }
     let error = print_config("ingest", &report.env["ingest"]).expect_err("an unknown key");
     assert!(error.contains("partitons"), "the error names the key: {error}");
 }

@@ -419,49 +419,57 @@ async fn grpc_health_and_reflection_work_without_proto_files() {
     }
 }
 
+/// `message` with `Authorization: Bearer token`.
+fn bearer<T>(message: T, token: &str) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request
+        .metadata_mut()
+        .insert("authorization", format!("Bearer {token}").parse().expect("ascii"));
+    request
+}
+
 #[tokio::test(flavor = "multi_thread")]
-async fn admin_api_reports_status_pauses_and_requires_the_token() {
+async fn admin_api_reports_status_pauses_and_requires_the_operators_token() {
     use contrail_proto::admin::v1::{
         PauseRequest, ResumeRequest, StatusRequest, admin_service_client::AdminServiceClient,
     };
     let ingest = start();
     let (status, _) = post(&ingest, ndjson(&real_events(7)), false, Some(&ingest.token)).await;
     assert_eq!(status, 202);
+    // The operators' token is not a producer's: it cannot post events.
+    let (status, _) = post(&ingest, ndjson(&real_events(1)), false, Some(&ingest.admin_token)).await;
+    assert_eq!(status, 401, "the admin token must not write events");
     let mut admin = AdminServiceClient::connect(ingest.grpc_url.clone())
         .await
         .expect("connect");
     let denied = admin.status(StatusRequest {}).await.expect_err("no token");
     assert_eq!(denied.code(), tonic::Code::Unauthenticated);
-    let with_token = |message| {
-        let mut request = tonic::Request::new(message);
-        request.metadata_mut().insert(
-            "authorization",
-            format!("Bearer {}", ingest.token).parse().expect("ascii"),
-        );
-        request
-    };
+    // A data producer cannot pause (or drain, or read the status of) ingest.
+    let denied = admin
+        .pause(bearer(PauseRequest {}, &ingest.token))
+        .await
+        .expect_err("a producer's token on the admin API");
+    assert_eq!(denied.code(), tonic::Code::Unauthenticated);
     let report = admin
-        .status(with_token(StatusRequest {}))
+        .status(bearer(StatusRequest {}, &ingest.admin_token))
         .await
         .expect("status")
         .into_inner();
     assert_eq!(report.stage, "ingest");
     assert!(report.ready);
+    assert!(!report.paused, "the producer's pause was refused");
     assert_eq!(report.counters.get("events_accepted_total").copied(), Some(7.0));
-    let mut request = tonic::Request::new(PauseRequest {});
-    request.metadata_mut().insert(
-        "authorization",
-        format!("Bearer {}", ingest.token).parse().expect("ascii"),
-    );
-    assert!(admin.pause(request).await.expect("pause").into_inner().paused);
+    let paused = admin
+        .pause(bearer(PauseRequest {}, &ingest.admin_token))
+        .await
+        .expect("pause");
+    assert!(paused.into_inner().paused);
     let (status, answer) = post(&ingest, ndjson(&real_events(1)), false, Some(&ingest.token)).await;
     assert_eq!(status, 503, "paused ingest refuses: {answer}");
-    let mut request = tonic::Request::new(ResumeRequest {});
-    request.metadata_mut().insert(
-        "authorization",
-        format!("Bearer {}", ingest.token).parse().expect("ascii"),
-    );
-    admin.resume(request).await.expect("resume");
+    admin
+        .resume(bearer(ResumeRequest {}, &ingest.admin_token))
+        .await
+        .expect("resume");
     let (status, _) = post(&ingest, ndjson(&real_events(1)), false, Some(&ingest.token)).await;
     assert_eq!(status, 202);
 }

@@ -57,7 +57,7 @@ fn producer(config: &ChangefeedSyncConfig) -> Result<FutureProducer, ChangefeedE
 pub async fn run(config: ChangefeedSyncConfig, shutdown: Shutdown) -> Result<(), ChangefeedError> {
     let stage = StageContext::start(topology::CHANGEFEED_SYNC, config.validate(), shutdown)?;
     let metrics = ChangefeedMetrics::new(&stage.registry);
-    let tokens = stage.tokens(&config.auth, "auth", "the admin API")?;
+    let tokens = stage.tokens(&config.auth, "auth", "the admin API", &config.listen)?;
     stage
         .create_topics(
             &config.kafka,

@@ -5,9 +5,10 @@
 //! pause/resume through a shared flag, drain through the shutdown; the checkpoint and key-state
 //! calls answer `UNIMPLEMENTED` with the stage's reason.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use contrail_proto::admin::v1 as admin;
 use tonic::{Request, Response, Status};
@@ -104,6 +105,58 @@ impl AdminControls {
     }
 }
 
+/// How often the consumer-lag gauge is refreshed.
+pub const LAG_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Keeps `contrail_consumer_lag_records{topic,partition}` — the records between the stage's
+/// position and the end of each input partition it owns (-1: unknown) — current from `status`,
+/// every `interval` until the shutdown. Partitions the stage no longer owns, or owns without a
+/// position yet, have no series. The series
+/// the lag alert (deploy/helm/contrail/files/prometheus-rules.yaml) reads, the same for every
+/// consuming stage.
+pub fn spawn_lag_metrics<F, Fut>(
+    registry: &MetricsRegistry,
+    shutdown: &Shutdown,
+    interval: Duration,
+    status: F,
+) where
+    F: Fn() -> Fut + Send + 'static,
+    Fut: Future<Output = Result<admin::StatusResponse, Status>> + Send,
+{
+    let gauge = registry.gauge_vec(
+        "contrail_consumer_lag_records",
+        "Records between the stage's position and the end of an input partition it owns (-1: unknown)",
+        &["topic", "partition"],
+    );
+    let stop = shutdown.clone();
+    shutdown.spawn(async move {
+        loop {
+            let answer = tokio::select! {
+                answer = status() => answer,
+                () = stop.triggered() => break,
+            };
+            if let Ok(status) = answer {
+                gauge.reset();
+                // A partition without a position yet (nothing committed since it was assigned)
+                // has no lag to report: its whole history would read as backlog.
+                let known = status
+                    .partitions
+                    .iter()
+                    .filter(|p| !p.topic.is_empty() && p.committed_offset >= 0);
+                for partition in known {
+                    gauge
+                        .with_label_values(&[partition.topic.as_str(), &partition.partition.to_string()])
+                        .set(partition.lag);
+                }
+            }
+            tokio::select! {
+                () = tokio::time::sleep(interval) => {}
+                () = stop.triggered() => break,
+            }
+        }
+    });
+}
+
 /// The admin service of a streaming stage.
 pub struct StreamAdmin<S> {
     no_checkpoints: &'static str,
@@ -123,15 +176,21 @@ impl<S: StageStatus> StreamAdmin<S> {
     }
 
     /// Serves this admin API (behind `tokens`) with gRPC health and reflection, and the probes
-    /// and `metrics` over HTTP, on `listeners` until the shutdown.
+    /// and `metrics` over HTTP, on `listeners` until the shutdown; keeps the consumer-lag gauge
+    /// current from the stage's status ([`spawn_lag_metrics`]).
     pub fn serve(self, listeners: Listeners, tokens: &BearerTokens, metrics: MetricsRegistry) -> Servers {
         let health = self.controls.health.clone();
         let shutdown = self.controls.shutdown.clone();
-        let routes =
-            tonic::service::Routes::new(admin::admin_service_server::AdminServiceServer::with_interceptor(
-                self,
-                tokens.grpc_interceptor(),
-            ));
+        let admin = Arc::new(self);
+        let source = admin.clone();
+        spawn_lag_metrics(&metrics, &shutdown, LAG_INTERVAL, move || {
+            let source = source.clone();
+            async move { source.source.status().await }
+        });
+        let routes = tonic::service::Routes::new(tonic::service::interceptor::InterceptedService::new(
+            admin::admin_service_server::AdminServiceServer::from_arc(admin),
+            tokens.grpc_interceptor(),
+        ));
         Servers::spawn(
             listeners,
             axum::Router::new(),

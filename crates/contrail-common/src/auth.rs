@@ -1,8 +1,9 @@
 //! Bearer-token authentication for the ingest and admin endpoints.
 //!
 //! Tokens are compared in constant time over their SHA-256 digests, so neither the content nor the
-//! length of a configured token leaks through response timing. With no token configured,
-//! authentication is off (the local default); production config sets at least one.
+//! length of a configured token leaks through response timing. Authentication fails closed: a
+//! stage that listens beyond loopback refuses to start without tokens unless the section says
+//! `disabled = true` ([`decide`]); on loopback only, no tokens means open (the local default).
 
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
@@ -14,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use crate::CommonError;
 use crate::config::Secret;
 
-/// Bearer tokens accepted on a stage's APIs (ingest API, admin API). Empty: authentication off.
+/// Bearer tokens accepted on a stage's APIs (ingest API, admin API).
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AuthConfig {
@@ -22,6 +23,36 @@ pub struct AuthConfig {
     pub tokens: Vec<Secret>,
     /// A file with one token per line (a mounted Kubernetes secret).
     pub tokens_file: Option<PathBuf>,
+    /// Run without authentication even when listening beyond loopback. Without tokens and
+    /// without this, such a stage refuses to start.
+    pub disabled: bool,
+}
+
+/// What a stage does about authentication at start-up ([`decide`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuthDecision {
+    /// Tokens are configured: every request must present one.
+    Enforce,
+    /// No tokens, listening on loopback only: open, with a warning (the local default).
+    OpenOnLoopback,
+    /// No tokens and `disabled = true`: open by the operator's choice, with a warning.
+    OpenByChoice,
+    /// Refuse to start: no tokens while listening beyond loopback.
+    RefuseNoTokens,
+    /// Refuse to start: tokens configured and `disabled = true` contradict each other.
+    RefuseContradiction,
+}
+
+/// The start-up decision from whether tokens are `configured`, the section's `disabled` flag and
+/// whether every listen address is loopback. Pure, so every combination is tested.
+pub fn decide(configured: bool, disabled: bool, loopback_only: bool) -> AuthDecision {
+    match (configured, disabled, loopback_only) {
+        (true, true, _) => AuthDecision::RefuseContradiction,
+        (true, false, _) => AuthDecision::Enforce,
+        (false, true, _) => AuthDecision::OpenByChoice,
+        (false, false, true) => AuthDecision::OpenOnLoopback,
+        (false, false, false) => AuthDecision::RefuseNoTokens,
+    }
 }
 
 impl AuthConfig {
@@ -87,6 +118,12 @@ impl BearerTokens {
         }
     }
 
+    /// Whether a token is accepted by both `self` and `other` (e.g. a producer's token that would
+    /// also open the admin API).
+    pub fn shares_a_token_with(&self, other: &BearerTokens) -> bool {
+        self.digests.iter().any(|digest| other.digests.contains(digest))
+    }
+
     /// Whether any token is configured (authentication on).
     pub fn enabled(&self) -> bool {
         !self.digests.is_empty()
@@ -142,10 +179,40 @@ mod tests {
     use super::*;
 
     #[test]
+    fn fails_closed_beyond_loopback() {
+        use AuthDecision::*;
+        for configured in [false, true] {
+            for disabled in [false, true] {
+                for loopback_only in [false, true] {
+                    let decision = decide(configured, disabled, loopback_only);
+                    let expected = match (configured, disabled) {
+                        (true, true) => RefuseContradiction,
+                        (true, false) => Enforce,
+                        (false, true) => OpenByChoice,
+                        (false, false) if loopback_only => OpenOnLoopback,
+                        (false, false) => RefuseNoTokens,
+                    };
+                    assert_eq!(decision, expected, "{configured} {disabled} {loopback_only}");
+                }
+            }
+        }
+    }
+
+    #[test]
     fn off_when_no_token_configured() {
         let tokens = BearerTokens::new(&[Secret::new("")]);
         assert!(!tokens.enabled());
         assert_eq!(tokens.check(None), Ok(()));
+    }
+
+    #[test]
+    fn shared_tokens_are_found() {
+        let producers = BearerTokens::new(&[Secret::new("p1"), Secret::new("both")]);
+        let operators = BearerTokens::new(&[Secret::new("o1"), Secret::new("both")]);
+        assert!(producers.shares_a_token_with(&operators));
+        let operators = BearerTokens::new(&[Secret::new("o1")]);
+        assert!(!producers.shares_a_token_with(&operators));
+        assert!(!producers.shares_a_token_with(&BearerTokens::default()));
     }
 
     #[test]

@@ -21,12 +21,14 @@ pub const ENV_PREFIX: &str = "CONTRAIL_";
 /// `CONTRAIL_*` variables that are read by tools, not stage config keys: the config file's name,
 /// `contrail replay`'s target and token, the flight data folder, the test broker binary. Every
 /// other `CONTRAIL_*` variable must be a key of the stage's config.
-pub const TOOL_VARIABLES: [&str; 9] = [
+pub const TOOL_VARIABLES: [&str; 11] = [
     "config_file",
     "ingest_url",
     "ingest_token",
     "flight_data",
     "tansu_bin",
+    "tools_dir",
+    "azurite_blob",
     "port_offset",
     "admin_addr",
     "admin_token",
@@ -180,6 +182,24 @@ impl ListenConfig {
     pub fn of(stage: crate::topology::StageSpec) -> ListenConfig {
         ListenConfig::on_ports(stage.http, stage.grpc)
     }
+
+    /// The first listen address reachable beyond this host (not loopback), if any. An address
+    /// that does not parse counts as beyond loopback.
+    pub fn beyond_loopback(&self) -> Option<&str> {
+        [self.http.as_str(), self.grpc.as_str()]
+            .into_iter()
+            .find(|address| !is_loopback(address))
+    }
+}
+
+/// Whether `address` (`host:port`) only listens on this host.
+fn is_loopback(address: &str) -> bool {
+    if let Ok(socket) = address.parse::<std::net::SocketAddr>() {
+        return socket.ip().is_loopback();
+    }
+    address
+        .rsplit_once(':')
+        .is_some_and(|(host, _)| host.eq_ignore_ascii_case("localhost"))
 }
 
 impl Default for ListenConfig {
@@ -192,6 +212,30 @@ impl Default for ListenConfig {
 #[allow(clippy::result_large_err)] // figment::Jail's closures return figment::Error by design.
 mod tests {
     use super::*;
+
+    #[test]
+    fn loopback_addresses() {
+        let listen = |http: &str, grpc: &str| ListenConfig {
+            http: http.to_owned(),
+            grpc: grpc.to_owned(),
+        };
+        assert_eq!(listen("127.0.0.1:1", "[::1]:2").beyond_loopback(), None);
+        assert_eq!(listen("localhost:1", "127.0.0.2:2").beyond_loopback(), None);
+        assert_eq!(
+            listen("127.0.0.1:1", "0.0.0.0:2").beyond_loopback(),
+            Some("0.0.0.0:2")
+        );
+        assert_eq!(listen("[::]:1", "127.0.0.1:2").beyond_loopback(), Some("[::]:1"));
+        assert_eq!(
+            listen("10.0.0.4:1", "127.0.0.1:2").beyond_loopback(),
+            Some("10.0.0.4:1")
+        );
+        assert_eq!(
+            listen("ingest:1", "127.0.0.1:2").beyond_loopback(),
+            Some("ingest:1")
+        );
+        assert_eq!(ListenConfig::default().beyond_loopback(), Some("0.0.0.0:8080"));
+    }
 
     #[derive(Debug, Default, Serialize, Deserialize, PartialEq)]
     #[serde(deny_unknown_fields, default)]
@@ -242,6 +286,9 @@ mod tests {
         figment::Jail::expect_with(|jail| {
             jail.set_env("CONTRAIL_INGEST_TOKEN", "t");
             jail.set_env("CONTRAIL_TANSU_BIN", "/bin/true");
+            // scripts/setup.sh exports these for the tests' tools.
+            jail.set_env("CONTRAIL_TOOLS_DIR", "/var/tmp/contrail-tools");
+            jail.set_env("CONTRAIL_AZURITE_BLOB", "/bin/true");
             jail.set_env("CONTRAIL_NAME", "from-env");
             let config: Sample = load(None).map_err(|error| error.to_string())?;
             assert_eq!(config.name, "from-env");

@@ -19,8 +19,10 @@ pub const EVENT_HUBS_MAX_MESSAGE_BYTES: u32 = 1_000_000;
 /// librdkafka's default `message.max.bytes`: the largest message a producer sends.
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 1_000_000;
 
-/// How a stage reaches its Kafka-protocol broker.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// How a stage reaches its Kafka-protocol broker. Its `Debug` and `Serialize` (the effective
+/// configuration printed at start-up and by `--print-config`) redact every property whose name
+/// says it holds a secret ([`is_secret_property`]).
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct KafkaConfig {
     /// Bootstrap servers, `host:port[,host:port…]`. Ignored when `event_hubs_connection_string` is
@@ -33,7 +35,57 @@ pub struct KafkaConfig {
     /// `client.id`; defaults to the stage name.
     pub client_id: String,
     /// Extra librdkafka properties, applied last (e.g. `"linger.ms" = "10"`).
+    #[serde(serialize_with = "serialize_redacted")]
     pub properties: BTreeMap<String, String>,
+}
+
+/// Whether librdkafka property `name` holds a secret (`sasl.password`, `ssl.key.password`,
+/// `ssl.key.pem`, `sasl.oauthbearer.client.secret`, `sasl.oauthbearer.config`, …): any dotted
+/// segment naming a password, secret, token, credential or key, and the free-form SASL configs.
+pub fn is_secret_property(name: &str) -> bool {
+    let name = name.to_ascii_lowercase();
+    name == "sasl.oauthbearer.config"
+        || name == "sasl.jaas.config"
+        || name.split(['.', '_']).any(|segment| {
+            segment == "key"
+                || ["password", "secret", "token", "credential", "pem"]
+                    .iter()
+                    .any(|word| segment.contains(word))
+        })
+}
+
+/// The properties as they may be shown: secret values replaced by `<redacted>`.
+fn redacted(properties: &BTreeMap<String, String>) -> BTreeMap<&str, &str> {
+    properties
+        .iter()
+        .map(|(name, value)| {
+            let shown = if is_secret_property(name) && !value.is_empty() {
+                "<redacted>"
+            } else {
+                value.as_str()
+            };
+            (name.as_str(), shown)
+        })
+        .collect()
+}
+
+fn serialize_redacted<S: serde::Serializer>(
+    properties: &BTreeMap<String, String>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    serializer.collect_map(redacted(properties))
+}
+
+impl std::fmt::Debug for KafkaConfig {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("KafkaConfig")
+            .field("brokers", &self.brokers)
+            .field("event_hubs_connection_string", &self.event_hubs_connection_string)
+            .field("client_id", &self.client_id)
+            .field("properties", &redacted(&self.properties))
+            .finish()
+    }
 }
 
 impl KafkaConfig {
@@ -284,6 +336,42 @@ fn check_event_hubs_property(key: &str, value: &str) -> Result<(), CommonError> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn secret_properties_are_redacted_when_printed_or_logged() {
+        let mut config = KafkaConfig::default();
+        for (name, value) in [
+            ("sasl.password", "hunter2-sasl"),
+            ("ssl.key.password", "hunter2-ssl"),
+            ("ssl.key.pem", "-----BEGIN PRIVATE KEY-----hunter2"),
+            ("sasl.oauthbearer.client.secret", "hunter2-oauth"),
+            ("sasl.oauthbearer.config", "principal=x secret=hunter2"),
+            ("SASL.PASSWORD", "hunter2-upper"),
+            ("linger.ms", "10"),
+            ("sasl.username", "$ConnectionString"),
+        ] {
+            config.properties.insert(name.to_owned(), value.to_owned());
+        }
+        let printed = crate::config::render_effective(&config);
+        let debugged = format!("{config:?}");
+        for shown in [&printed, &debugged] {
+            assert!(!shown.contains("hunter2"), "a secret is shown:\n{shown}");
+            assert!(shown.contains("<redacted>"), "{shown}");
+            assert!(shown.contains("linger.ms") && shown.contains("10"), "{shown}");
+            assert!(shown.contains("$ConnectionString"), "non-secrets stay: {shown}");
+        }
+        // The values themselves are untouched: librdkafka gets them.
+        assert_eq!(config.properties["sasl.password"], "hunter2-sasl");
+        for name in [
+            "bootstrap.servers",
+            "linger.ms",
+            "compression.codec",
+            "sasl.mechanism",
+            "enable.idempotence",
+        ] {
+            assert!(!is_secret_property(name), "{name}");
+        }
+    }
 
     const CONNECTION: &str = "Endpoint=sb://contrail-prod.servicebus.windows.net/;SharedAccessKeyName=RootManageSharedAccessKey;SharedAccessKey=c2VjcmV0";
 

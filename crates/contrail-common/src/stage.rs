@@ -11,7 +11,7 @@ use serde::de::DeserializeOwned;
 
 use crate::CommonError;
 use crate::admin::{AdminControls, StageStatus, StreamAdmin};
-use crate::auth::{AuthConfig, BearerTokens};
+use crate::auth::{AuthConfig, AuthDecision, BearerTokens};
 use crate::config::{self, ListenConfig};
 use crate::kafka::KafkaConfig;
 use crate::metrics::MetricsRegistry;
@@ -114,29 +114,66 @@ impl StageContext {
     ) -> Result<StageContext, CommonError> {
         validation.map_err(CommonError::Config)?;
         let health = Health::new();
+        let registry = MetricsRegistry::new();
+        // When this process started: restarts show as changes of it (the restart alert).
+        let started = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |since| since.as_secs_f64());
+        registry
+            .float_gauge_vec(
+                "contrail_process_start_time_seconds",
+                "Start time of this stage process, seconds since the Unix epoch",
+                &["stage"],
+            )
+            .with_label_values(&[spec.name])
+            .set(started);
         Ok(StageContext {
             spec,
-            registry: MetricsRegistry::new(),
+            registry,
             controls: AdminControls::new(spec.name, health.clone(), shutdown.clone()),
             health,
             shutdown,
         })
     }
 
-    /// Loads the bearer tokens of `section` (e.g. `auth`); with none configured, warns that
-    /// `guarded` (e.g. "the admin API") accepts unauthenticated requests.
+    /// Loads the bearer tokens of `section` (e.g. `auth`) guarding `guarded` (e.g. "the admin
+    /// API"). Fails closed: with no tokens, a stage that `listen`s beyond loopback refuses to start
+    /// unless the section says `disabled = true` ([`crate::auth::decide`]).
     pub fn tokens(
         &self,
         auth: &AuthConfig,
         section: &str,
         guarded: &str,
+        listen: &ListenConfig,
     ) -> Result<BearerTokens, CommonError> {
         let tokens = auth.load()?;
-        if !tokens.enabled() {
-            tracing::warn!(
+        let exposed = listen.beyond_loopback();
+        let env = format!("CONTRAIL_{}__TOKENS_FILE", section.to_ascii_uppercase());
+        match crate::auth::decide(tokens.enabled(), auth.disabled, exposed.is_none()) {
+            AuthDecision::Enforce => {}
+            AuthDecision::OpenOnLoopback => tracing::warn!(
                 stage = self.spec.name,
-                "no {section}.tokens configured: {guarded} accepts unauthenticated requests"
-            );
+                "no {section}.tokens configured: {guarded} accepts unauthenticated requests (loopback only)"
+            ),
+            AuthDecision::OpenByChoice => tracing::warn!(
+                stage = self.spec.name,
+                listen = exposed.unwrap_or("loopback"),
+                "{section}.disabled = true: {guarded} accepts unauthenticated requests"
+            ),
+            AuthDecision::RefuseNoTokens => {
+                return Err(CommonError::Config(format!(
+                    "no {section} tokens configured while {} listens on {} (beyond loopback), so \
+                     {guarded} would accept anyone: set {section}.tokens_file ({env}) or \
+                     {section}.tokens, or {section}.disabled = true to run without authentication",
+                    self.spec.name,
+                    exposed.unwrap_or_default()
+                )));
+            }
+            AuthDecision::RefuseContradiction => {
+                return Err(CommonError::Config(format!(
+                    "{section}.disabled = true while {section} tokens are configured: remove one"
+                )));
+            }
         }
         Ok(tokens)
     }

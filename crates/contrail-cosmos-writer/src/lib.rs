@@ -45,7 +45,7 @@ fn producer(config: &CosmosWriterConfig) -> Result<FutureProducer, CosmosWriterE
 pub async fn run(config: CosmosWriterConfig, shutdown: Shutdown) -> Result<(), CosmosWriterError> {
     let stage = StageContext::start(topology::COSMOS_WRITER, config.validate(), shutdown)?;
     let metrics = WriterMetrics::new(&stage.registry);
-    let tokens = stage.tokens(&config.auth, "auth", "the admin API")?;
+    let tokens = stage.tokens(&config.auth, "auth", "the admin API", &config.listen)?;
     let topics = &config.topics;
     stage
         .create_topics(

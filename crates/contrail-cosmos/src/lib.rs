@@ -3,9 +3,11 @@
 //! creating the database and containers when asked, and classifying errors into what a stage
 //! does next (retry, guard conflict, give up).
 
+#[cfg(feature = "fault-injection")]
 use std::sync::Arc;
 use std::time::Duration;
 
+#[cfg(feature = "fault-injection")]
 use azure_data_cosmos::fault_injection::{
     FaultInjectionErrorType, FaultInjectionResultBuilder, FaultInjectionRuleBuilder,
 };
@@ -33,7 +35,9 @@ pub enum CosmosAuth {
 }
 
 /// Fault injection for resilience tests, through the SDK's own fault-injection layer. Off unless
-/// a probability is set; a stage logs a warning at start when it is on.
+/// a probability is set; a stage logs a warning at start when it is on. Only in builds with the
+/// cargo feature `fault-injection` (test builds, not the images).
+#[cfg(feature = "fault-injection")]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 #[serde(deny_unknown_fields, default)]
 pub struct FaultInjectionConfig {
@@ -69,7 +73,8 @@ pub struct CosmosConfig {
     /// How often the SDK itself retries a 429 (honouring `x-ms-retry-after-ms`) before the stage
     /// sees it and backs off on its own.
     pub sdk_throttle_retries: u32,
-    /// Test-only fault injection.
+    /// Test-only fault injection (cargo feature `fault-injection`; elsewhere an unknown key).
+    #[cfg(feature = "fault-injection")]
     pub fault_injection: FaultInjectionConfig,
 }
 
@@ -86,6 +91,7 @@ impl Default for CosmosConfig {
             create_if_missing: true,
             create_throughput: 0,
             sdk_throttle_retries: 9,
+            #[cfg(feature = "fault-injection")]
             fault_injection: FaultInjectionConfig::default(),
         }
     }
@@ -266,6 +272,7 @@ impl CosmosConfig {
                     .to_owned(),
             ));
         }
+        #[cfg(feature = "fault-injection")]
         for (name, probability) in [
             ("throttle_probability", self.fault_injection.throttle_probability),
             (
@@ -282,6 +289,7 @@ impl CosmosConfig {
         Ok(())
     }
 
+    #[cfg(feature = "fault-injection")]
     fn fault_rules(&self) -> Vec<Arc<azure_data_cosmos::fault_injection::FaultInjectionRule>> {
         let mut rules = Vec::new();
         let faults = [
@@ -311,6 +319,7 @@ impl CosmosConfig {
     /// Builds the client. `stage` names the application in the user agent.
     pub async fn connect(&self, stage: &str) -> Result<CosmosClient, CosmosStoreError> {
         self.validate()?;
+        tracing::debug!(stage, endpoint = %self.endpoint, auth = ?self.auth, "connecting to Cosmos DB");
         let endpoint: AccountEndpoint = self.endpoint.parse().map_err(|error| {
             CosmosStoreError::Config(format!("cosmos.endpoint {:?}: {error}", self.endpoint))
         })?;
@@ -335,8 +344,11 @@ impl CosmosConfig {
         throttling.max_retry_wait_time = Some(Duration::from_secs(30));
         let mut operation = OperationOptions::default();
         operation.throttling_retry_options = Some(throttling);
+        #[cfg_attr(not(feature = "fault-injection"), allow(unused_mut))]
         let mut builder = CosmosClientBuilder::new().with_default_operation_options(operation);
+        #[cfg(feature = "fault-injection")]
         let rules = self.fault_rules();
+        #[cfg(feature = "fault-injection")]
         if !rules.is_empty() {
             tracing::warn!(
                 stage,
@@ -499,19 +511,22 @@ mod tests {
         let config = CosmosConfig::default();
         let error = config.validate().expect_err("no key");
         assert!(error.to_string().contains("CONTRAIL_COSMOS__KEY"), "{error}");
-        let config = CosmosConfig {
-            key: Secret::new("k"),
-            fault_injection: FaultInjectionConfig {
-                throttle_probability: 1.5,
-                unavailable_probability: 0.0,
-            },
-            ..CosmosConfig::default()
-        };
-        let error = config.validate().expect_err("probability");
-        assert!(
-            error.to_string().contains("throttle_probability = 1.5"),
-            "{error}"
-        );
+        #[cfg(feature = "fault-injection")]
+        {
+            let config = CosmosConfig {
+                key: Secret::new("k"),
+                fault_injection: FaultInjectionConfig {
+                    throttle_probability: 1.5,
+                    unavailable_probability: 0.0,
+                },
+                ..CosmosConfig::default()
+            };
+            let error = config.validate().expect_err("probability");
+            assert!(
+                error.to_string().contains("throttle_probability = 1.5"),
+                "{error}"
+            );
+        }
         let config = CosmosConfig {
             auth: CosmosAuth::WorkloadIdentity,
             ..CosmosConfig::default()

@@ -30,8 +30,13 @@ pub struct DedupStateConfig {
     /// Where the RocksDB shards live (`CONTRAIL_STATE_DIR`): one directory per input partition.
     pub state_dir: PathBuf,
     /// The checkpoint store (`CONTRAIL_CHECKPOINT_URL`): a local directory path or `file:///path`
-    /// (in Kubernetes, a mounted Azure Files/Blob CSI volume shared by the pods).
+    /// (in Kubernetes, a mounted Azure Files volume shared by the pods), or Azure Blob / ADLS Gen2
+    /// at `abfss://CONTAINER@ACCOUNT.dfs.core.windows.net/PATH`.
     pub checkpoint_url: String,
+    /// Options of an `abfss://` checkpoint store (object_store's Azure keys, e.g.
+    /// `azure_storage_account_key`; none with workload identity, which comes from the
+    /// environment). Secret: never logged.
+    pub checkpoint_storage_options: std::collections::BTreeMap<String, contrail_common::config::Secret>,
     /// Checkpoint coordination.
     pub checkpoint: CheckpointConfig,
     /// Processing rules of DESIGN §3.
@@ -53,6 +58,7 @@ impl Default for DedupStateConfig {
             group: GroupConfig::with_id("contrail-dedup-state"),
             state_dir: PathBuf::from("./data/dedup-state/shards"),
             checkpoint_url: "./data/dedup-state/checkpoints".to_owned(),
+            checkpoint_storage_options: std::collections::BTreeMap::new(),
             checkpoint: CheckpointConfig::default(),
             rules: RulesConfig::default(),
             batch: BatchConfig::default(),
@@ -228,10 +234,12 @@ impl DedupStateConfig {
         if self.checkpoint.keep == 0 {
             return Err("checkpoint.keep = 0: must keep at least one complete checkpoint".to_owned());
         }
-        if self.checkpoint_url.starts_with("az://") || self.checkpoint_url.starts_with("abfss://") {
+        if let Some((scheme, _)) = self.checkpoint_url.split_once("://")
+            && !["file", "abfss", "abfs"].contains(&scheme.to_ascii_lowercase().as_str())
+        {
             return Err(format!(
-                "checkpoint_url = {:?}: Azure object stores are not compiled into this build; mount the \
-                 storage as a volume and give its path (see docs/OPERATIONS.md)",
+                "checkpoint_url = {:?}: use a path, file://PATH or \
+                 abfss://CONTAINER@ACCOUNT.dfs.core.windows.net/PATH",
                 self.checkpoint_url
             ));
         }
@@ -251,13 +259,12 @@ impl DedupStateConfig {
         Ok(())
     }
 
-    /// The local checkpoint-store directory of `checkpoint_url`.
-    pub fn checkpoint_dir(&self) -> PathBuf {
-        PathBuf::from(
-            self.checkpoint_url
-                .strip_prefix("file://")
-                .unwrap_or(&self.checkpoint_url),
-        )
+    /// The checkpoint store's options with their secret values (for the store's client only).
+    pub fn checkpoint_options(&self) -> std::collections::BTreeMap<String, String> {
+        self.checkpoint_storage_options
+            .iter()
+            .map(|(key, value)| (key.clone(), value.expose().to_owned()))
+            .collect()
     }
 }
 

@@ -68,14 +68,14 @@ pub fn consumer_config(config: &DedupStateConfig) -> Result<ClientConfig, DedupS
 pub async fn run(config: DedupStateConfig, shutdown: Shutdown) -> Result<(), DedupStateError> {
     let stage = StageContext::start(topology::DEDUP_STATE, config.validate(), shutdown)?;
     let metrics = metrics::DedupMetrics::new(&stage.registry);
-    let tokens = stage.tokens(&config.auth, "auth", "the admin and control APIs")?;
+    let tokens = stage.tokens(&config.auth, "auth", "the admin and control APIs", &config.listen)?;
     let t = &config.topics;
     let names = [&t.raw, &t.curated, &t.accepted, &t.late, &t.alerts, &t.dlq].map(String::as_str);
     stage
         .create_topics(&config.kafka, t.create, &names, t.partitions)
         .await?;
     let (health, shutdown) = (stage.health.clone(), stage.shutdown.clone());
-    let store = CheckpointStore::local(&config.checkpoint_dir())?;
+    let store = CheckpointStore::open(&config.checkpoint_url, &config.checkpoint_options())?;
 
     let (delivery_sender, delivery_receiver) = std::sync::mpsc::channel();
     let producer: ThreadedProducer<OutputContext> = producer_config(&config)?
@@ -159,8 +159,23 @@ pub async fn run(config: DedupStateConfig, shutdown: Shutdown) -> Result<(), Ded
         rules: config.rules.rules(),
     };
     let control = ControlServer::new(config.instance.clone(), command_sender, store.clone());
-    let routes = tonic::service::Routes::new(AdminServiceServer::with_interceptor(
-        admin,
+    let admin = std::sync::Arc::new(admin);
+    let source = admin.clone();
+    contrail_common::admin::spawn_lag_metrics(
+        &stage.registry,
+        &stage.shutdown,
+        contrail_common::admin::LAG_INTERVAL,
+        move || {
+            let source = source.clone();
+            async move {
+                use contrail_proto::admin::v1::admin_service_server::AdminService as _;
+                let request = tonic::Request::new(contrail_proto::admin::v1::StatusRequest {});
+                source.status(request).await.map(tonic::Response::into_inner)
+            }
+        },
+    );
+    let routes = tonic::service::Routes::new(tonic::service::interceptor::InterceptedService::new(
+        AdminServiceServer::from_arc(admin),
         tokens.grpc_interceptor(),
     ))
     .add_service(CheckpointControlServer::with_interceptor(

@@ -39,7 +39,9 @@ pub struct DeltaArchiverConfig {
     pub delta: DeltaConfig,
     /// Scheduled compaction, checkpoints and vacuum.
     pub maintenance: MaintenanceConfig,
-    /// Fault injection for tests. Never set in production.
+    /// Fault injection for tests; only in builds with the cargo feature `testing` (not the images),
+    /// elsewhere an unknown key.
+    #[cfg(feature = "testing")]
     pub testing: TestingConfig,
     /// Authentication of the admin API.
     pub auth: AuthConfig,
@@ -58,6 +60,7 @@ impl Default for DeltaArchiverConfig {
             batch: BatchConfig::default(),
             delta: DeltaConfig::default(),
             maintenance: MaintenanceConfig::default(),
+            #[cfg(feature = "testing")]
             testing: TestingConfig::default(),
             auth: AuthConfig::default(),
         }
@@ -207,6 +210,7 @@ impl Default for MaintenanceConfig {
 }
 
 /// Fault injection for tests.
+#[cfg(feature = "testing")]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(deny_unknown_fields, default)]
 pub struct TestingConfig {

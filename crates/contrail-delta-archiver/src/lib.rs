@@ -64,7 +64,7 @@ use crate::table::Tables;
 pub async fn run(config: DeltaArchiverConfig, shutdown: Shutdown) -> Result<(), DeltaArchiverError> {
     let stage = StageContext::start(topology::DELTA_ARCHIVER, config.validate(), shutdown)?;
     let metrics = ArchiverMetrics::new(&stage.registry);
-    let tokens = stage.tokens(&config.auth, "auth", "the admin API")?;
+    let tokens = stage.tokens(&config.auth, "auth", "the admin API", &config.listen)?;
     let tables_and_topics = config.topics.tables();
     let topic_names: Vec<&str> = tables_and_topics
         .iter()

@@ -40,7 +40,7 @@ impl ArchiverMetrics {
     /// Creates and registers the metrics.
     pub fn new(registry: &MetricsRegistry) -> ArchiverMetrics {
         let by_table = |name: &str, help: &str| registry.counter_vec(name, help, &["table"]);
-        ArchiverMetrics {
+        let metrics = ArchiverMetrics {
             records: by_table("contrail_delta_records_total", "Records consumed"),
             rows: by_table("contrail_delta_rows_total", "Rows committed to Delta tables"),
             duplicates: by_table(
@@ -84,6 +84,12 @@ impl ArchiverMetrics {
             ),
             vacuumed_files: registry
                 .counter("contrail_delta_vacuumed_files_total", "Files removed by vacuum"),
+        };
+        // Every table's commit counter exists from the start at 0: the stalled-commits alert
+        // (`increase` over it) then also fires for an archiver that never committed.
+        for table in contrail_history::Table::ALL {
+            metrics.commits.with_label_values(&[table.name()]);
         }
+        metrics
     }
 }

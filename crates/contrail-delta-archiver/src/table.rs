@@ -51,6 +51,18 @@ pub enum CommitOutcome {
     Fenced(Vec<String>),
 }
 
+/// `testing.pause_before_commit_ms` (builds with the cargo feature `testing` only).
+#[cfg(feature = "testing")]
+fn pause_before_commit(config: &DeltaArchiverConfig) -> Duration {
+    Duration::from_millis(config.testing.pause_before_commit_ms)
+}
+
+/// No pause: the build has no `testing.*` settings.
+#[cfg(not(feature = "testing"))]
+fn pause_before_commit(_config: &DeltaArchiverConfig) -> Duration {
+    Duration::ZERO
+}
+
 /// The open tables.
 pub struct Tables {
     root: Url,
@@ -77,7 +89,7 @@ impl Tables {
         Ok(Tables {
             root,
             tables,
-            pause_before_commit: Duration::from_millis(config.testing.pause_before_commit_ms),
+            pause_before_commit: pause_before_commit(config),
             target_file_size: config.delta.target_file_mb * 1024 * 1024,
         })
     }
@@ -341,7 +353,12 @@ mod tests {
             delta_root: root.display().to_string(),
             ..DeltaArchiverConfig::default()
         };
-        config.testing.pause_before_commit_ms = pause_ms;
+        #[cfg(feature = "testing")]
+        {
+            config.testing.pause_before_commit_ms = pause_ms;
+        }
+        #[cfg(not(feature = "testing"))]
+        assert_eq!(pause_ms, 0, "a pause needs the cargo feature `testing`");
         config
     }
 

@@ -9,11 +9,25 @@ use crate::error::HistoryError;
 use crate::tables::Table;
 
 /// The URL of the Delta root: a URL with a scheme, or a local directory (created if missing).
+/// `az://` and `azure://` roots are refused: with them delta-rs' Azure store drops the first path
+/// segment below the container (a table at `az://c/delta/events` lands at `c/events`, one at
+/// `az://c/events` at the container's root, where the tables would collide — seen on Azurite);
+/// `abfss://CONTAINER@ACCOUNT.dfs.core.windows.net/PATH` keeps every segment.
 pub fn root_url(root: &str) -> Result<Url, HistoryError> {
     let invalid = |reason: String| HistoryError::Location {
         root: root.to_owned(),
         reason,
     };
+    let scheme = root
+        .split_once("://")
+        .map(|(scheme, _)| scheme.to_ascii_lowercase());
+    if matches!(scheme.as_deref(), Some("az" | "azure")) {
+        return Err(invalid(
+            "az:// paths lose their first segment in delta-rs' Azure store, so the tables would \
+             not be where they are read; write abfss://CONTAINER@ACCOUNT.dfs.core.windows.net/PATH"
+                .to_owned(),
+        ));
+    }
     if root.contains("://") {
         let mut url = Url::parse(root).map_err(|error| invalid(error.to_string()))?;
         if !url.path().ends_with('/') {
@@ -64,6 +78,21 @@ mod tests {
         assert!(root.is_dir());
         assert_eq!(url.scheme(), "file");
         assert!(url.path().ends_with("/nested/history/"), "{url}");
+    }
+
+    #[test]
+    fn az_roots_are_refused_with_the_form_that_works() {
+        for root in [
+            "az://contrail-delta/",
+            "AZ://history/delta",
+            "azure://history/delta",
+        ] {
+            let error = root_url(root).expect_err(root).to_string();
+            assert!(
+                error.contains(root) && error.contains("abfss://CONTAINER@"),
+                "{error}"
+            );
+        }
     }
 
     #[test]

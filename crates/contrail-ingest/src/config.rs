@@ -25,8 +25,8 @@ pub struct IngestConfig {
     /// Authentication of the ingest API (`/v1/*`, `IngestService`): the tokens of data producers.
     pub auth: AuthConfig,
     /// Authentication of the admin API (pause, resume, drain, status): the tokens of operators,
-    /// so a data producer cannot drain or pause ingest. Unset: the `auth` tokens.
-    pub admin_auth: Option<AuthConfig>,
+    /// apart from `auth`, so a data producer cannot drain or pause ingest.
+    pub admin_auth: AuthConfig,
     /// Size and capacity limits.
     pub limits: LimitsConfig,
     /// Where pull sources keep their cursors.
@@ -46,7 +46,7 @@ impl Default for IngestConfig {
             kafka: KafkaConfig::default(),
             topics: TopicsConfig::default(),
             auth: AuthConfig::default(),
-            admin_auth: None,
+            admin_auth: AuthConfig::default(),
             limits: LimitsConfig::default(),
             cursor_dir: PathBuf::from("./data/ingest/cursors"),
             source_concurrency: 16,

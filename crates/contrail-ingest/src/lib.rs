@@ -87,11 +87,16 @@ fn build_sources(config: &IngestConfig) -> Result<Vec<Arc<dyn Source>>, IngestEr
 pub async fn run(config: IngestConfig, shutdown: Shutdown) -> Result<(), IngestError> {
     let stage = StageContext::start(topology::INGEST, config.validate(), shutdown)?;
     let metrics = metrics::IngestMetrics::new(&stage.registry);
-    let tokens = stage.tokens(&config.auth, "auth", "the ingest API")?;
-    let admin_tokens = match &config.admin_auth {
-        Some(admin) => stage.tokens(admin, "admin_auth", "the admin API")?,
-        None => stage.tokens(&config.auth, "auth", "the admin API")?,
-    };
+    let tokens = stage.tokens(&config.auth, "auth", "the ingest API", &config.listen)?;
+    let admin_tokens = stage.tokens(&config.admin_auth, "admin_auth", "the admin API", &config.listen)?;
+    if tokens.shares_a_token_with(&admin_tokens) {
+        return Err(contrail_common::CommonError::Config(
+            "auth and admin_auth share a token: a data producer could pause or drain ingest; give \
+             the operators (admin_auth) their own tokens"
+                .to_owned(),
+        )
+        .into());
+    }
     let (registry, health, shutdown) = (
         stage.registry.clone(),
         stage.health.clone(),

@@ -1,5 +1,6 @@
-//! The checkpoint store: shard checkpoints and epoch manifests in an `object_store` (a local
-//! directory by default; Azure Blob/ADLS where the `object_store` Azure backend is configured).
+//! The checkpoint store: shard checkpoints and epoch manifests in an `object_store`: a local
+//! directory (or a mounted volume), or Azure Blob / ADLS Gen2 at
+//! `abfss://CONTAINER@ACCOUNT.dfs.core.windows.net/PATH` ([`CheckpointStore::open`]).
 //!
 //! Layout under the root: `epoch-{epoch:020}/shard-{partition}/{file}` for a shard's RocksDB
 //! checkpoint files and `epoch-{epoch:020}/MANIFEST.json` once the epoch is complete. An epoch
@@ -51,6 +52,55 @@ impl CheckpointStore {
             store,
             local_root: None,
         }
+    }
+
+    /// The store at `url`: a local directory (a path or `file://PATH`), or Azure Blob / ADLS Gen2
+    /// at `abfss://CONTAINER@ACCOUNT.dfs.core.windows.net/PATH` (`abfs://` too), configured by the
+    /// environment (`AZURE_*`: workload identity on AKS) and `options` — object_store's Azure keys
+    /// such as `azure_storage_account_key` or `azure_storage_use_emulator`; an unknown key is
+    /// refused with its name. Other schemes (`az://`, whose path handling differs between tools,
+    /// `s3://`, …) are refused.
+    pub fn open(url: &str, options: &BTreeMap<String, String>) -> Result<CheckpointStore, StateError> {
+        let Some((scheme, rest)) = url.split_once("://") else {
+            return CheckpointStore::local(Path::new(url));
+        };
+        let scheme = scheme.to_ascii_lowercase();
+        if scheme == "file" {
+            return CheckpointStore::local(Path::new(rest));
+        }
+        if scheme != "abfss" && scheme != "abfs" {
+            return Err(StateError::CheckpointStore(format!(
+                "checkpoint store {url:?}: {scheme}:// is not supported; give a path or \
+                 abfss://CONTAINER@ACCOUNT.dfs.core.windows.net/PATH"
+            )));
+        }
+        let invalid =
+            |reason: String| StateError::CheckpointStore(format!("checkpoint store {url:?}: {reason}"));
+        let parsed = url::Url::parse(url).map_err(|error| invalid(error.to_string()))?;
+        if parsed.username().is_empty() {
+            return Err(invalid(
+                "name the container and the account: abfss://CONTAINER@ACCOUNT.dfs.core.windows.net/PATH"
+                    .to_owned(),
+            ));
+        }
+        let mut builder = object_store::azure::MicrosoftAzureBuilder::from_env().with_url(url);
+        for (key, value) in options {
+            let config: object_store::azure::AzureConfigKey =
+                key.to_ascii_lowercase().parse().map_err(|_| {
+                    invalid(format!(
+                        "unknown storage option {key:?} (object_store's Azure keys)"
+                    ))
+                })?;
+            builder = builder.with_config(config, value.clone());
+        }
+        let store = builder.build().map_err(|error| invalid(error.to_string()))?;
+        let prefix = StorePath::parse(parsed.path()).map_err(|error| invalid(error.to_string()))?;
+        let store: Arc<dyn ObjectStore> = if prefix.as_ref().is_empty() {
+            Arc::new(store)
+        } else {
+            Arc::new(object_store::prefix::PrefixStore::new(store, prefix))
+        };
+        Ok(CheckpointStore::new(store))
     }
 
     /// A store in a local directory (created if missing).

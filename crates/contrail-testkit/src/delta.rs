@@ -246,6 +246,19 @@ pub fn verify_tables(
     expected: &BTreeMap<&'static str, Vec<String>>,
     app_ids: &BTreeMap<&'static str, Vec<String>>,
 ) -> Result<BTreeMap<String, TableReport>> {
+    verify_tables_at(&root.display().to_string(), &[], work, expected, app_ids)
+}
+
+/// [`verify_tables`] for a root that is a URL (`abfss://…` on Azurite), with the reader's
+/// environment `env` (`CONTRAIL_VERIFY_STORAGE_OPTIONS`, `CONTRAIL_VERIFY_BLOB_ACCOUNT_URL`,
+/// `AZURITE_BLOB_STORAGE_URL`).
+pub fn verify_tables_at(
+    root: &str,
+    env: &[(String, String)],
+    work: &Path,
+    expected: &BTreeMap<&'static str, Vec<String>>,
+    app_ids: &BTreeMap<&'static str, Vec<String>>,
+) -> Result<BTreeMap<String, TableReport>> {
     std::fs::create_dir_all(work)?;
     let mut spec = serde_json::Map::new();
     for (table, identities) in expected {
@@ -269,6 +282,7 @@ pub fn verify_tables(
         .arg(&script)
         .arg(root)
         .arg(&spec_path)
+        .envs(env.iter().map(|(key, value)| (key.as_str(), value.as_str())))
         .output()
         .context("python3 (the independent Delta reader; scripts/setup.sh installs deltalake and polars)")?;
     if !output.status.success() {

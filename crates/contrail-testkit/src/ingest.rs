@@ -21,8 +21,10 @@ pub struct IngestUnderTest {
     pub raw_topic: String,
     /// DLQ topic of this test.
     pub dlq_topic: String,
-    /// The token it accepts.
+    /// The producers' token it accepts on the ingest API.
     pub token: String,
+    /// The operators' token it accepts on the admin API (not on the ingest API).
+    pub admin_token: String,
     /// Its working directory (cursors, log).
     pub dir: PathBuf,
     env: Vec<(String, String)>,
@@ -58,6 +60,7 @@ pub fn spawn_ingest(options: IngestOptions<'_>) -> Result<IngestUnderTest> {
     let http_port = free_port();
     let grpc_port = free_port();
     let token = "test-token-0123456789".to_owned();
+    let admin_token = "test-admin-token-9876543210".to_owned();
     let raw_topic = format!("{name}.ops.events.raw");
     let dlq_topic = format!("{name}.ops.events.dlq");
     let mut env = vec![
@@ -75,6 +78,10 @@ pub fn spawn_ingest(options: IngestOptions<'_>) -> Result<IngestUnderTest> {
         ("CONTRAIL_TOPICS__PARTITIONS".to_owned(), "3".to_owned()),
         ("CONTRAIL_AUTH__TOKENS".to_owned(), format!("[\"{token}\"]")),
         (
+            "CONTRAIL_ADMIN_AUTH__TOKENS".to_owned(),
+            format!("[\"{admin_token}\"]"),
+        ),
+        (
             "CONTRAIL_CURSOR_DIR".to_owned(),
             dir.join("cursors").display().to_string(),
         ),
@@ -90,6 +97,7 @@ pub fn spawn_ingest(options: IngestOptions<'_>) -> Result<IngestUnderTest> {
         raw_topic,
         dlq_topic,
         token,
+        admin_token,
         dir,
         env,
     })

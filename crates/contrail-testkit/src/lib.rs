@@ -20,6 +20,7 @@
 //! Children die with the test process (`PR_SET_PDEATHSIG`), so a failed test leaks no process.
 #![allow(unsafe_code)] // prctl/kill on child processes.
 
+pub mod azurite;
 mod broker;
 pub mod browser;
 pub mod cosmos;
@@ -29,6 +30,7 @@ mod fixture;
 mod http;
 mod ingest;
 mod process;
+pub mod prometheus;
 mod topic;
 pub mod up;
 mod wait;

@@ -83,6 +83,16 @@ impl StageProcess {
     /// Starts `binary` with `env` (on top of the test's environment minus `CONTRAIL_*` and OTLP),
     /// logging to `log_path`.
     pub fn spawn(binary: &Path, env: &[(String, String)], log_path: &Path) -> Result<StageProcess> {
+        StageProcess::spawn_with_args(binary, &[], env, log_path)
+    }
+
+    /// [`StageProcess::spawn`] with command-line arguments.
+    pub fn spawn_with_args(
+        binary: &Path,
+        args: &[String],
+        env: &[(String, String)],
+        log_path: &Path,
+    ) -> Result<StageProcess> {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -95,6 +105,7 @@ impl StageProcess {
             }
         }
         command
+            .args(args)
             .envs(env.iter().map(|(key, value)| (key.as_str(), value.as_str())))
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
