@@ -108,7 +108,9 @@ impl AdminControls {
 /// How often the consumer-lag gauge is refreshed.
 pub const LAG_INTERVAL: Duration = Duration::from_secs(10);
 
-/// Keeps `contrail_consumer_lag_records{topic,partition}` — the records between the stage's
+/// Keeps `contrail_consumer_partitions_owned` (how many input partitions or leases this instance
+/// owns: a stage whose instances own none is starved, as a broker's failed group coordinator left
+/// every group in the large chaos run) and `contrail_consumer_lag_records{topic,partition}` — the records between the stage's
 /// position and the end of each input partition it owns (-1: unknown) — current from `status`,
 /// every `interval` until the shutdown. Partitions the stage no longer owns, or owns without a
 /// position yet, have no series. The series
@@ -128,6 +130,11 @@ pub fn spawn_lag_metrics<F, Fut>(
         "Records between the stage's position and the end of an input partition it owns (-1: unknown)",
         &["topic", "partition"],
     );
+    let owned = registry.gauge(
+        "contrail_consumer_partitions_owned",
+        "Input partitions (changefeed-sync: feed-range leases) this instance owns; a stage whose \
+         instances together own none is not consuming at all",
+    );
     let stop = shutdown.clone();
     shutdown.spawn(async move {
         loop {
@@ -136,6 +143,8 @@ pub fn spawn_lag_metrics<F, Fut>(
                 () = stop.triggered() => break,
             };
             if let Ok(status) = answer {
+                let partitions = status.partitions.iter().filter(|p| !p.topic.is_empty()).count();
+                owned.set(i64::try_from(partitions + status.leases.len()).unwrap_or(i64::MAX));
                 gauge.reset();
                 // A partition without a position yet (nothing committed since it was assigned)
                 // has no lag to report: its whole history would read as backlog.

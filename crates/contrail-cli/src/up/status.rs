@@ -28,14 +28,33 @@ async fn admin_status(ports: Ports, stage: &StageSpec) -> Option<admin::StatusRe
     Some(client.status(admin::StatusRequest {}).await.ok()?.into_inner())
 }
 
-/// Per-stage lag from the admin API (negative lags — the local broker's high watermark behind
-/// the position — count as 0); `None` for a stage that does not answer (restarting).
-async fn stage_lags(ports: Ports) -> Vec<(&'static str, Option<i64>)> {
+/// What the status line says about one stage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StageLag {
+    /// It does not answer (restarting).
+    Restarting,
+    /// A consumer that owns no input partition (changefeed-sync: no lease): it consumes nothing,
+    /// whatever its lag reads — in the large chaos run a broken group coordinator left every
+    /// group like this while the lags read 0.
+    OwnsNothing,
+    /// Its lag over the partitions it owns (negative lags — the local broker's high watermark
+    /// behind the position — count as 0).
+    Lag(i64),
+}
+
+/// Every stage's lag from its admin API.
+async fn stage_lags(ports: Ports) -> Vec<(&'static str, StageLag)> {
     let mut lags = Vec::new();
     for stage in &STAGES {
-        let lag = admin_status(ports, stage)
-            .await
-            .map(|status| status.partitions.iter().map(|p| p.lag.max(0)).sum::<i64>());
+        let lag = match admin_status(ports, stage).await {
+            None => StageLag::Restarting,
+            Some(status)
+                if stage.name != "ingest" && status.partitions.is_empty() && status.leases.is_empty() =>
+            {
+                StageLag::OwnsNothing
+            }
+            Some(status) => StageLag::Lag(status.partitions.iter().map(|p| p.lag.max(0)).sum()),
+        };
         lags.push((stage.name, lag));
     }
     lags
@@ -63,12 +82,13 @@ pub(super) async fn wait_assigned(ports: Ports, timeout: Duration) -> Vec<&'stat
     }
 }
 
-fn status_line(lags: &[(&'static str, Option<i64>)], kills: u32, crashes: u32) -> String {
+fn status_line(lags: &[(&'static str, StageLag)], kills: u32, crashes: u32) -> String {
     let parts: Vec<String> = lags
         .iter()
         .map(|(name, lag)| match lag {
-            Some(lag) => format!("{name} lag {lag}"),
-            None => format!("{name} (restarting)"),
+            StageLag::Lag(lag) => format!("{name} lag {lag}"),
+            StageLag::OwnsNothing => format!("{name} OWNS NO PARTITION"),
+            StageLag::Restarting => format!("{name} (restarting)"),
         })
         .collect();
     format!("{} · kills {kills} · crashes {crashes}", parts.join(" · "))
@@ -107,10 +127,33 @@ mod tests {
 
     #[test]
     fn the_status_line_names_restarting_stages() {
-        let line = status_line(&[("ingest", Some(0)), ("dedup-state", None)], 3, 1);
+        let line = status_line(
+            &[
+                ("ingest", StageLag::Lag(0)),
+                ("dedup-state", StageLag::Restarting),
+            ],
+            3,
+            1,
+        );
         assert_eq!(
             line,
             "ingest lag 0 · dedup-state (restarting) · kills 3 · crashes 1"
+        );
+    }
+
+    #[test]
+    fn the_status_line_shouts_when_a_consumer_owns_nothing() {
+        let line = status_line(
+            &[
+                ("dedup-state", StageLag::OwnsNothing),
+                ("cosmos-writer", StageLag::Lag(12)),
+            ],
+            0,
+            0,
+        );
+        assert_eq!(
+            line,
+            "dedup-state OWNS NO PARTITION · cosmos-writer lag 12 · kills 0 · crashes 0"
         );
     }
 }
