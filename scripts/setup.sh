@@ -100,6 +100,10 @@ if ! command -v promtool >/dev/null 2>&1; then
 fi
 if ! [ -x "$CONTRAIL_TOOLS_DIR/azurite/node_modules/.bin/azurite-blob" ]; then
   echo "setup: installing Azurite 3.37.0 (Azure Storage emulator, npm)"
+  if ! command -v npm >/dev/null 2>&1; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null
+  fi
   mkdir -p "$CONTRAIL_TOOLS_DIR/azurite"
   npm install --silent --no-audit --no-fund --prefix "$CONTRAIL_TOOLS_DIR/azurite" azurite@3.37.0 >/dev/null
 fi
