@@ -237,7 +237,20 @@ impl admin::admin_service_server::AdminService for DedupAdmin {
                     for shard in shards {
                         let read = contrail_state::inspect(shard, key.as_bytes(), lateness, |context| {
                             let state: Option<FlightKeyState> = context.get(FLIGHT_STATE)?;
-                            let dedup = context.dedup_entries()?;
+                            let mut dedup: Vec<String> = state
+                                .as_ref()
+                                .map(|state| flight::live_dedup_entries(state, context.watermark_us()))
+                                .unwrap_or_default()
+                                .into_iter()
+                                .map(|(id, _)| id.to_owned())
+                                .collect();
+                            // Entries of earlier versions, in the engine's dedup family.
+                            dedup.extend(
+                                context
+                                    .dedup_entries()?
+                                    .into_iter()
+                                    .map(|(id, _)| String::from_utf8_lossy(&id).into_owned()),
+                            );
                             let expired = state.as_ref().is_some_and(|state| {
                                 flight::is_tombstone(state, context.watermark_us(), &rules)
                             });
@@ -253,10 +266,7 @@ impl admin::admin_service_server::AdminService for DedupAdmin {
                             state_json: state
                                 .map(|state| flight_document(&flight::current_state(&state)).to_string())
                                 .unwrap_or_default(),
-                            dedup_event_ids: dedup
-                                .into_iter()
-                                .map(|(id, _)| String::from_utf8_lossy(&id).into_owned())
-                                .collect(),
+                            dedup_event_ids: dedup,
                             timers: timers
                                 .into_iter()
                                 .map(|timer| admin::TimerInfo {

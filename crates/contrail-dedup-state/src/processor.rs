@@ -133,8 +133,10 @@ impl StatefulProcessor for FlightProcessor {
         }
         context.observe_event_time(event.event_time_us);
         let position = self.position(record.offset);
+        // The flight's dedup entries live in its key state; the engine's dedup family only holds
+        // entries written by earlier versions, consulted while any are left.
+        let already_seen = context.dedup_in_use() && context.dedup_contains(event.event_id.as_bytes())?;
         let mut key_state: Option<FlightKeyState> = context.get(FLIGHT_STATE)?;
-        let already_seen = context.dedup_contains(event.event_id.as_bytes())?;
         let shard_watermark = context.watermark_us();
         match flight::decide(
             &mut key_state,
@@ -163,10 +165,6 @@ impl StatefulProcessor for FlightProcessor {
                         "decide accepted without a key state".to_owned(),
                     ));
                 };
-                context.dedup_insert(
-                    event.event_id.as_bytes(),
-                    flight::dedup_expiry(&event, &self.rules),
-                );
                 context.set(
                     FLIGHT_STATE,
                     &key_state,
@@ -280,6 +278,91 @@ mod tests {
                 prop_assert!(letter.input.is_some());
             }
         }
+    }
+
+    /// What versions before the dedup entries moved into the key state wrote: an engine dedup
+    /// entry per accepted event id.
+    struct EarlierVersion;
+
+    impl StatefulProcessor for EarlierVersion {
+        fn handle_record(
+            &mut self,
+            context: &mut KeyContext<'_>,
+            record: &InputRecord<'_>,
+        ) -> Result<(), StateError> {
+            let event = OperationalEvent::decode(record.payload).expect("event");
+            context.observe_event_time(event.event_time_us);
+            context.dedup_insert(
+                event.event_id.as_bytes(),
+                flight::dedup_expiry(&event, &Rules::default()),
+            );
+            Ok(())
+        }
+
+        fn handle_timer(&mut self, _: &mut KeyContext<'_>, _: &Timer) -> Result<(), StateError> {
+            Ok(())
+        }
+    }
+
+    /// A shard written by an earlier version keeps its dedup entries in the engine's dedup family:
+    /// after an upgrade (a reopen), a redelivery of an event accepted then is still a duplicate,
+    /// and an event never seen is accepted.
+    #[test]
+    fn dedup_entries_of_an_earlier_version_still_count_after_an_upgrade() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("s");
+        let event = |id: &str, minute: i64| OperationalEvent {
+            event_id: id.to_owned(),
+            r#type: contrail_proto::v1::EventType::Scheduled as i32,
+            event_time_us: 1_357_000_000_000_000 + minute * 60_000_000,
+            flight_key: "UA1545-2013-01-01-EWR".to_owned(),
+            ..Default::default()
+        };
+        let config = EngineConfig {
+            allowed_lateness_us: 3_600_000_000,
+        };
+        let old = event("e1", 0).encode_to_vec();
+        let key = b"UA1545-2013-01-01-EWR";
+        {
+            let mut shard = Shard::open(&path, 0).expect("open");
+            let inputs = [InputRecord {
+                key,
+                payload: &old,
+                offset: 0,
+            }];
+            shard
+                .process_batch(&inputs, &mut EarlierVersion, &config, 0)
+                .expect("batch");
+        }
+        let mut shard = Shard::open(&path, 0).expect("reopen after the upgrade");
+        let new = event("e2", 1).encode_to_vec();
+        let inputs = [
+            InputRecord {
+                key,
+                payload: &old,
+                offset: 1,
+            },
+            InputRecord {
+                key,
+                payload: &new,
+                offset: 2,
+            },
+        ];
+        let mut processor = FlightProcessor::new(Rules::default(), topics(), 0, None, 1_000_000);
+        let result = shard
+            .process_batch(&inputs, &mut processor, &config, 0)
+            .expect("batch");
+        let accepted: Vec<String> = result
+            .outputs
+            .iter()
+            .filter(|(_, output)| output.topic == topics().accepted)
+            .map(|(_, output)| {
+                OperationalEvent::decode(output.payload.as_slice())
+                    .expect("event")
+                    .event_id
+            })
+            .collect();
+        assert_eq!(accepted, ["e2"], "e1 was accepted by the earlier version");
     }
 
     #[test]

@@ -6,7 +6,7 @@
 //! within the lateness bound, the final `FlightState` and `version` are those of folding the distinct
 //! events in (event_time, event_id) order.
 
-use contrail_proto::state::v1::FlightKeyState;
+use contrail_proto::state::v1::{FlightKeyState, SeenEvent};
 use contrail_proto::v1::{EventType, FlightState, OperationalEvent, SourcePosition};
 
 use crate::fold::{apply, empty_state, order_key, status};
@@ -84,10 +84,12 @@ pub fn is_tombstone(key_state: &FlightKeyState, shard_watermark_us: i64, rules: 
 }
 
 /// Decides on `event` for a flight whose stored record is `key_state` (`None`: a flight never
-/// seen, or whose tombstone expired). `already_seen`: the event id is in the flight's dedup set.
+/// seen, or whose tombstone expired). `already_seen`: a live dedup entry for the event id kept
+/// outside `key_state` (the engine's dedup family, written by earlier versions); the ids accepted
+/// into `key_state` are checked here, and the event's id is added to them when accepted.
 /// `shard_watermark_us`: the shard's max event time − `allowed_lateness`, with this event
 /// observed. In order (DESIGN §3.1, §3.2, §3.7):
-/// 1. a live dedup entry → duplicate;
+/// 1. a live dedup entry (in `key_state`'s `seen`, or `already_seen` from elsewhere) → duplicate;
 /// 2. older than shard watermark − `state_ttl` → late, `expired` (whatever the key holds);
 /// 3. the key is a tombstone → late, `expired`;
 /// 4. older than the flight's watermark (its newest event − `allowed_lateness`) → late;
@@ -100,7 +102,11 @@ pub fn decide(
     shard_watermark_us: i64,
     rules: &Rules,
 ) -> Verdict {
-    if already_seen {
+    if already_seen
+        || key_state
+            .as_ref()
+            .is_some_and(|state| has_seen(state, &event.event_id, shard_watermark_us))
+    {
         return Verdict::Duplicate;
     }
     let expiry_horizon_us = shard_watermark_us.saturating_sub(rules.state_ttl_us);
@@ -131,6 +137,12 @@ pub fn decide(
         max_event_time_us: i64::MIN,
         accepted: 0,
         overdue_alerted: false,
+        seen: Vec::new(),
+    });
+    state.seen.retain(|seen| seen.expires_at_us > shard_watermark_us);
+    state.seen.push(SeenEvent {
+        event_id: event.event_id.clone(),
+        expires_at_us: dedup_expiry(event, rules),
     });
     let position = state
         .pending
@@ -159,6 +171,25 @@ pub fn decide(
     Verdict::Accepted {
         state: Box::new(current),
     }
+}
+
+/// Whether `event_id` was accepted for this flight and its dedup entry is live: its expiry (event
+/// time + `dedup_ttl`) is after the shard watermark.
+pub fn has_seen(key_state: &FlightKeyState, event_id: &str, shard_watermark_us: i64) -> bool {
+    key_state
+        .seen
+        .iter()
+        .any(|seen| seen.event_id == event_id && seen.expires_at_us > shard_watermark_us)
+}
+
+/// The flight's live dedup entries: accepted event ids and when each expires.
+pub fn live_dedup_entries(key_state: &FlightKeyState, shard_watermark_us: i64) -> Vec<(&str, i64)> {
+    key_state
+        .seen
+        .iter()
+        .filter(|seen| seen.expires_at_us > shard_watermark_us)
+        .map(|seen| (seen.event_id.as_str(), seen.expires_at_us))
+        .collect()
 }
 
 /// When the DEPARTURE_OVERDUE timer of a flight should fire: `scheduled_out + 15 min`, while the

@@ -9,13 +9,13 @@
 //! shard watermark (max event time − allowed lateness), which depends only on the input. This is
 //! what makes reprocessing after a crash regenerate byte-identical outputs.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 
 use prost::Message;
 
 use crate::error::StateError;
 use crate::keys::{self, cf};
-use crate::shard::{OutboxRecord, Overlay, Shard, ShardProgress, TimeDomain, Timer};
+use crate::shard::{OutboxRecord, Overlay, Shard, ShardProgress, TimeDomain, Timer, TimerSlots};
 
 /// One input record.
 #[derive(Debug, Clone, Copy)]
@@ -71,7 +71,7 @@ struct Pending {
     timers_added: BTreeSet<Timer>,
     timers_removed: BTreeSet<Timer>,
     /// Latest fire time per (key, domain, name) decided in this batch (`None`: deleted).
-    timer_overrides: HashMap<(Vec<u8>, TimeDomain, String), Option<i64>>,
+    timer_overrides: TimerSlots<Option<i64>>,
     outbox: Vec<OutboxRecord>,
     progress: ShardProgress,
     lateness_us: i64,
@@ -85,7 +85,7 @@ impl Pending {
             overlay: Overlay::new(),
             timers_added: BTreeSet::new(),
             timers_removed: BTreeSet::new(),
-            timer_overrides: HashMap::new(),
+            timer_overrides: TimerSlots::default(),
             outbox: Vec::new(),
             progress,
             lateness_us,
@@ -128,7 +128,12 @@ impl KeyContext<'_> {
     }
 
     fn read(&self, family: &'static str, storage_key: &[u8]) -> Result<Option<Vec<u8>>, StateError> {
-        match self.pending.overlay.get(&(family, storage_key.to_vec())) {
+        match self
+            .pending
+            .overlay
+            .get(family)
+            .and_then(|entries| entries.get(storage_key))
+        {
             Some(value) => Ok(value.clone()),
             None => self.shard.get(family, storage_key),
         }
@@ -137,15 +142,10 @@ impl KeyContext<'_> {
     fn scan(&self, family: &'static str, prefix: &[u8]) -> Result<BTreeMap<Vec<u8>, Vec<u8>>, StateError> {
         let mut entries: BTreeMap<Vec<u8>, Vec<u8>> =
             self.shard.scan_prefix(family, prefix)?.into_iter().collect();
-        let end = keys::prefix_end(prefix);
-        for ((entry_family, entry_key), value) in self
-            .pending
-            .overlay
-            .range((family, prefix.to_vec())..(family, end))
-        {
-            if *entry_family != family {
-                continue;
-            }
+        let Some(pending) = self.pending.overlay.get(family) else {
+            return Ok(entries);
+        };
+        for (entry_key, value) in pending.range(prefix.to_vec()..keys::prefix_end(prefix)) {
             match value {
                 Some(value) => entries.insert(entry_key.clone(), value.clone()),
                 None => entries.remove(entry_key),
@@ -155,7 +155,11 @@ impl KeyContext<'_> {
     }
 
     fn write(&mut self, family: &'static str, storage_key: Vec<u8>, value: Option<Vec<u8>>) {
-        self.pending.overlay.insert((family, storage_key), value);
+        self.pending
+            .overlay
+            .entry(family)
+            .or_default()
+            .insert(storage_key, value);
     }
 
     fn decode<T: Message + Default>(&self, bytes: &[u8]) -> Result<Option<T>, StateError> {
@@ -301,6 +305,12 @@ impl KeyContext<'_> {
         Ok(entries)
     }
 
+    /// Whether the shard holds any dedup entries (committed, or written in this batch): when not,
+    /// [`KeyContext::dedup_contains`] is false for every id and need not be asked.
+    pub fn dedup_in_use(&self) -> bool {
+        self.shard.has_dedup_entries() || self.pending.overlay.contains_key(cf::DEDUP)
+    }
+
     /// Whether `id` is among the key's live dedup entries.
     pub fn dedup_contains(&self, id: &[u8]) -> Result<bool, StateError> {
         Ok(self
@@ -333,25 +343,21 @@ impl KeyContext<'_> {
             .collect())
     }
 
+    /// When the key's timer `name` fires, as of this batch: from the batch's own changes, else
+    /// from the shard's in-memory index of committed timers (no disk read).
     fn current_timer(&self, name: &str, domain: TimeDomain) -> Option<i64> {
-        if let Some(fire_at) = self
-            .pending
-            .timer_overrides
-            .get(&(self.key.clone(), domain, name.to_owned()))
-        {
-            return *fire_at;
+        match self.pending.timer_overrides.get(&self.key, domain, name) {
+            Some(fire_at) => fire_at,
+            None => self.shard.committed_timer(&self.key, domain, name),
         }
-        let mut part = vec![domain as u8];
-        part.extend_from_slice(name.as_bytes());
-        self.shard
-            .get(cf::TIMERS_BY_KEY, &keys::joined(&self.key, &part))
-            .ok()
-            .flatten()
-            .and_then(|bytes| keys::decode_time(&bytes))
     }
 
-    /// Registers (or moves) the key's timer `name`.
+    /// Registers (or moves) the key's timer `name`. Registering it at the time it already has
+    /// changes nothing (and writes nothing).
     pub fn register_timer(&mut self, name: &str, domain: TimeDomain, fire_at_us: i64) {
+        if self.current_timer(name, domain) == Some(fire_at_us) {
+            return;
+        }
         self.delete_timer(name, domain);
         let timer = Timer {
             fire_at_us,
@@ -363,7 +369,7 @@ impl KeyContext<'_> {
         self.pending.timers_added.insert(timer);
         self.pending
             .timer_overrides
-            .insert((self.key.clone(), domain, name.to_owned()), Some(fire_at_us));
+            .set(&self.key, domain, name, Some(fire_at_us));
     }
 
     /// Deletes the key's timer `name`, if any.
@@ -378,13 +384,11 @@ impl KeyContext<'_> {
             self.pending.timers_added.remove(&timer);
             // Also committed (it may have been re-registered at the same time in this batch):
             // the deletion must hide the committed copy too.
-            if self.shard.timers().contains(&timer) {
+            if self.shard.committed_timer(&self.key, domain, name) == Some(fire_at_us) {
                 self.pending.timers_removed.insert(timer);
             }
         }
-        self.pending
-            .timer_overrides
-            .insert((self.key.clone(), domain, name.to_owned()), None);
+        self.pending.timer_overrides.set(&self.key, domain, name, None);
     }
 
     /// The key's registered timers.
@@ -471,7 +475,7 @@ impl Shard {
             progress,
             ..
         } = pending;
-        let sequences = self.commit(overlay, timers_added, timers_removed, outbox.clone(), progress)?;
+        let sequences = self.commit(overlay, timers_added, timers_removed, &outbox, progress)?;
         result.outputs = sequences.into_iter().zip(outbox).collect();
         Ok(result)
     }

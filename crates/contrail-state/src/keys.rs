@@ -7,7 +7,9 @@ pub mod cf {
     pub const VALUES: &str = "values";
     /// Timers by fire time: `time ∙ domain ∙ key ∙ 0x00 ∙ name`.
     pub const TIMERS_BY_TIME: &str = "timers_by_time";
-    /// Timers by key: `key ∙ 0x00 ∙ domain ∙ name` → time.
+    /// Timers by key: no longer written (the by-key index is in memory, rebuilt from
+    /// [`TIMERS_BY_TIME`]); kept so that shards written by earlier versions open, and cleared on
+    /// open.
     pub const TIMERS_BY_KEY: &str = "timers_by_key";
     /// Dedup entries: `key ∙ 0x00 ∙ id` → expiry time.
     pub const DEDUP: &str = "dedup";

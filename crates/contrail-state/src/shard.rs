@@ -2,10 +2,11 @@
 //! offset and outbox. All changes of a micro-batch are committed in one `WriteBatch`.
 //!
 //! Reads during a batch see the batch's own writes (an overlay in front of RocksDB). Timers are also
-//! mirrored in memory (a `BTreeSet` ordered by time, domain, key, name) so finding due timers costs
-//! no disk reads; the mirror is rebuilt from the `timers_by_time` family on open.
+//! mirrored in memory — a `BTreeSet` ordered by time, domain, key, name to find due timers, and an
+//! index by key to find a key's timer — so timer bookkeeping costs no disk reads; both are rebuilt
+//! from the `timers_by_time` family on open (the only family timers are written to).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 
 use rocksdb::{ColumnFamilyDescriptor, DB, Direction, IteratorMode, Options, WriteBatch};
@@ -59,12 +60,6 @@ impl Timer {
         bytes
     }
 
-    fn by_key_key(key: &[u8], domain: TimeDomain, name: &str) -> Vec<u8> {
-        let mut part = vec![domain.byte()];
-        part.extend_from_slice(name.as_bytes());
-        keys::joined(key, &part)
-    }
-
     fn decode_by_time(bytes: &[u8]) -> Option<Timer> {
         let fire_at_us = keys::decode_time(bytes)?;
         let domain = TimeDomain::from_byte(*bytes.get(8)?)?;
@@ -96,6 +91,50 @@ const META_MAX_EVENT_TIME: &[u8] = b"max_event_time_us";
 /// outbox drained (a late delivery report can then never acknowledge a newer output).
 const META_NEXT_SEQUENCE: &[u8] = b"next_outbox_sequence";
 
+/// Values per (key, time domain, timer name), looked up without allocating: per key, a short list
+/// (a key has a handful of timers).
+#[derive(Debug, Default)]
+pub(crate) struct TimerSlots<T> {
+    by_key: HashMap<Vec<u8>, Vec<(TimeDomain, Box<str>, T)>>,
+}
+
+impl<T: Copy> TimerSlots<T> {
+    /// The value of `key`'s timer `name` in `domain`, if any.
+    pub(crate) fn get(&self, key: &[u8], domain: TimeDomain, name: &str) -> Option<T> {
+        self.by_key
+            .get(key)?
+            .iter()
+            .find_map(|(slot_domain, slot_name, value)| {
+                (*slot_domain == domain && &**slot_name == name).then_some(*value)
+            })
+    }
+
+    /// Sets the value of `key`'s timer `name` in `domain`.
+    pub(crate) fn set(&mut self, key: &[u8], domain: TimeDomain, name: &str, value: T) {
+        let slots = match self.by_key.get_mut(key) {
+            Some(slots) => slots,
+            None => self.by_key.entry(key.to_vec()).or_default(),
+        };
+        match slots
+            .iter_mut()
+            .find(|(slot_domain, slot_name, _)| *slot_domain == domain && &**slot_name == name)
+        {
+            Some(slot) => slot.2 = value,
+            None => slots.push((domain, name.into(), value)),
+        }
+    }
+
+    /// Removes `key`'s timer `name` in `domain`.
+    pub(crate) fn remove(&mut self, key: &[u8], domain: TimeDomain, name: &str) {
+        if let Some(slots) = self.by_key.get_mut(key) {
+            slots.retain(|(slot_domain, slot_name, _)| !(*slot_domain == domain && &**slot_name == name));
+            if slots.is_empty() {
+                self.by_key.remove(key);
+            }
+        }
+    }
+}
+
 /// What a shard knows about its progress.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ShardProgress {
@@ -111,8 +150,12 @@ pub struct Shard {
     path: PathBuf,
     partition: i32,
     timers: BTreeSet<Timer>,
+    /// The committed timers' fire times by key (the same timers as `timers`).
+    timers_by_key: TimerSlots<i64>,
     progress: ShardProgress,
     next_outbox_sequence: u64,
+    /// Whether the dedup family may hold entries: it had one on open, or a batch wrote one since.
+    dedup_entries: bool,
 }
 
 fn options() -> Options {
@@ -120,14 +163,22 @@ fn options() -> Options {
     options.create_if_missing(true);
     options.create_missing_column_families(true);
     options.set_compression_type(rocksdb::DBCompressionType::Lz4);
+    // Most point reads miss (a new flight's state, an event id never seen): bloom filters answer
+    // a miss without searching each memtable and SST file.
+    let mut table = rocksdb::BlockBasedOptions::default();
+    table.set_bloom_filter(10.0, false);
+    table.set_whole_key_filtering(true);
+    options.set_block_based_table_factory(&table);
+    options.set_memtable_whole_key_filtering(true);
+    options.set_memtable_prefix_bloom_ratio(0.02);
     options
 }
 
 /// Key-value entries of a family.
 pub(crate) type Entries = Vec<(Vec<u8>, Vec<u8>)>;
 
-/// One pending change of a batch.
-pub(crate) type Overlay = BTreeMap<(&'static str, Vec<u8>), Option<Vec<u8>>>;
+/// The pending changes of a batch: per family, per key, the new value (`None`: deleted).
+pub(crate) type Overlay = BTreeMap<&'static str, BTreeMap<Vec<u8>, Option<Vec<u8>>>>;
 
 impl Shard {
     /// Opens (or creates) the shard of `partition` at `path`.
@@ -145,11 +196,13 @@ impl Shard {
             path: path.to_owned(),
             partition,
             timers: BTreeSet::new(),
+            timers_by_key: TimerSlots::default(),
             progress: ShardProgress {
                 next_offset: None,
                 max_event_time_us: i64::MIN,
             },
             next_outbox_sequence: 0,
+            dedup_entries: false,
         };
         shard.progress.next_offset = shard.read_meta(META_NEXT_OFFSET)?;
         shard.progress.max_event_time_us = shard.read_meta(META_MAX_EVENT_TIME)?.unwrap_or(i64::MIN);
@@ -162,8 +215,17 @@ impl Shard {
                 path: shard.path.display().to_string(),
                 message: "undecodable timer entry".to_owned(),
             })?;
+            shard
+                .timers_by_key
+                .set(&timer.key, timer.domain, &timer.name, timer.fire_at_us);
             shard.timers.insert(timer);
         }
+        shard.clear_family(cf::TIMERS_BY_KEY)?;
+        shard.dedup_entries = shard
+            .db
+            .iterator_cf(shard.handle(cf::DEDUP)?, IteratorMode::Start)
+            .next()
+            .is_some();
         if let Some(item) = shard
             .db
             .iterator_cf(shard.handle(cf::OUTBOX)?, IteratorMode::End)
@@ -245,6 +307,33 @@ impl Shard {
         &self.timers
     }
 
+    /// Whether the dedup family may hold entries (see [`crate::KeyContext::dedup_in_use`]).
+    pub(crate) fn has_dedup_entries(&self) -> bool {
+        self.dedup_entries
+    }
+
+    /// When `key`'s committed timer `name` in `domain` fires, if it exists.
+    pub(crate) fn committed_timer(&self, key: &[u8], domain: TimeDomain, name: &str) -> Option<i64> {
+        self.timers_by_key.get(key, domain, name)
+    }
+
+    /// Deletes everything in a family no longer written (a shard written by an older version).
+    fn clear_family(&self, family: &'static str) -> Result<(), StateError> {
+        let handle = self.handle(family)?;
+        let first = self.db.iterator_cf(handle, IteratorMode::Start).next();
+        let last = self.db.iterator_cf(handle, IteratorMode::End).next();
+        if let (Some(first), Some(last)) = (first, last) {
+            let (first, _) = first.map_err(|error| self.storage_error(error))?;
+            let (last, _) = last.map_err(|error| self.storage_error(error))?;
+            let mut end = last.to_vec();
+            end.push(0);
+            self.db
+                .delete_range_cf(handle, &*first, &end)
+                .map_err(|error| self.storage_error(error))?;
+        }
+        Ok(())
+    }
+
     /// Every output still in the outbox, in the order it was produced.
     pub fn outbox(&self) -> Result<Vec<(u64, OutboxRecord)>, StateError> {
         let mut records = Vec::new();
@@ -272,12 +361,18 @@ impl Shard {
             })
     }
 
-    /// Removes acknowledged outputs (one small write batch).
+    /// Removes acknowledged outputs (one small write batch: a range deletion per run of
+    /// consecutive sequence numbers — acknowledgements mostly arrive in order — so a batch of
+    /// outputs costs one entry, not one per output).
     pub fn acknowledge(&self, sequences: &[u64]) -> Result<(), StateError> {
         let mut batch = WriteBatch::default();
         let outbox = self.handle(cf::OUTBOX)?;
-        for sequence in sequences {
-            batch.delete_cf(outbox, sequence.to_be_bytes());
+        for run in consecutive_runs(sequences) {
+            if run.end - run.start == 1 {
+                batch.delete_cf(outbox, run.start.to_be_bytes());
+            } else {
+                batch.delete_range_cf(outbox, run.start.to_be_bytes(), run.end.to_be_bytes());
+            }
         }
         self.db.write(batch).map_err(|error| self.storage_error(error))
     }
@@ -289,40 +384,33 @@ impl Shard {
         overlay: Overlay,
         timers_added: BTreeSet<Timer>,
         timers_removed: BTreeSet<Timer>,
-        outbox: Vec<OutboxRecord>,
+        outbox: &[OutboxRecord],
         progress: ShardProgress,
     ) -> Result<Vec<u64>, StateError> {
         let mut batch = WriteBatch::default();
-        for ((family, key), value) in &overlay {
+        for (family, entries) in &overlay {
             let handle = self.handle(family)?;
-            match value {
-                Some(value) => batch.put_cf(handle, key, value),
-                None => batch.delete_cf(handle, key),
+            for (key, value) in entries {
+                match value {
+                    Some(value) => batch.put_cf(handle, key, value),
+                    None => batch.delete_cf(handle, key),
+                }
             }
         }
         let by_time = self.handle(cf::TIMERS_BY_TIME)?;
-        let by_key = self.handle(cf::TIMERS_BY_KEY)?;
         for timer in &timers_removed {
             batch.delete_cf(by_time, timer.by_time_key());
-            batch.delete_cf(by_key, Timer::by_key_key(&timer.key, timer.domain, &timer.name));
         }
         for timer in &timers_added {
             batch.put_cf(by_time, timer.by_time_key(), []);
-            batch.put_cf(
-                by_key,
-                Timer::by_key_key(&timer.key, timer.domain, &timer.name),
-                keys::encode_time(timer.fire_at_us),
-            );
         }
         let outbox_family = self.handle(cf::OUTBOX)?;
         let mut sequences = Vec::with_capacity(outbox.len());
-        for record in &outbox {
+        let mut bytes = Vec::new();
+        for record in outbox {
             let sequence = self.next_outbox_sequence + sequences.len() as u64;
-            let bytes = postcard::to_allocvec(record).map_err(|error| StateError::Corrupt {
-                path: self.path.display().to_string(),
-                message: format!("outbox encoding: {error}"),
-            })?;
-            batch.put_cf(outbox_family, sequence.to_be_bytes(), bytes);
+            encode_outbox_record(record, &mut bytes);
+            batch.put_cf(outbox_family, sequence.to_be_bytes(), &bytes);
             sequences.push(sequence);
         }
         let meta = self.handle(cf::META)?;
@@ -339,8 +427,14 @@ impl Shard {
         self.db.write(batch).map_err(|error| self.storage_error(error))?;
         // Only after the write succeeded: update the in-memory mirrors.
         self.next_outbox_sequence += sequences.len() as u64;
+        self.dedup_entries |= overlay.contains_key(cf::DEDUP);
         for timer in &timers_removed {
             self.timers.remove(timer);
+            self.timers_by_key.remove(&timer.key, timer.domain, &timer.name);
+        }
+        for timer in &timers_added {
+            self.timers_by_key
+                .set(&timer.key, timer.domain, &timer.name, timer.fire_at_us);
         }
         self.timers.extend(timers_added);
         self.progress = progress;
@@ -384,6 +478,41 @@ impl Shard {
     }
 }
 
+/// The distinct `sequences` as ranges of consecutive numbers, ascending.
+fn consecutive_runs(sequences: &[u64]) -> Vec<std::ops::Range<u64>> {
+    let mut sorted = sequences.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    let mut runs: Vec<std::ops::Range<u64>> = Vec::new();
+    for sequence in sorted {
+        match runs.last_mut() {
+            Some(run) if run.end == sequence => run.end += 1,
+            _ => runs.push(sequence..sequence.saturating_add(1)),
+        }
+    }
+    runs
+}
+
+/// Encodes an outbox record into `bytes` (cleared first) exactly as `postcard` encodes the struct
+/// — each field a varint length and its bytes — without serde's byte-at-a-time sequence encoding.
+/// Records are read back with `postcard`.
+fn encode_outbox_record(record: &OutboxRecord, bytes: &mut Vec<u8>) {
+    fn field(bytes: &mut Vec<u8>, value: &[u8]) {
+        let mut length = value.len() as u64;
+        while length >= 0x80 {
+            bytes.push((length as u8) | 0x80);
+            length >>= 7;
+        }
+        bytes.push(length as u8);
+        bytes.extend_from_slice(value);
+    }
+    bytes.clear();
+    bytes.reserve(record.topic.len() + record.key.len() + record.payload.len() + 12);
+    field(bytes, record.topic.as_bytes());
+    field(bytes, &record.key);
+    field(bytes, &record.payload);
+}
+
 fn decode_sequence(bytes: &[u8]) -> Result<u64, StateError> {
     let array: [u8; 8] = bytes
         .get(..8)
@@ -393,4 +522,100 @@ fn decode_sequence(bytes: &[u8]) -> Result<u64, StateError> {
             message: "outbox key is not a sequence number".to_owned(),
         })?;
     Ok(u64::from_be_bytes(array))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The outbox's own encoder writes exactly what `postcard` writes (records written by either
+        /// read back the same), whatever the field sizes (varint lengths of 1 to 3 bytes).
+        #[test]
+        fn outbox_encoding_is_postcards(
+            topic in "[a-z.]{0,40}",
+            key in prop::collection::vec(any::<u8>(), 0..200),
+            payload_len in prop_oneof![0usize..200, 16_000usize..17_000, 2_097_000usize..2_097_200],
+        ) {
+            let record = OutboxRecord { topic, key, payload: vec![7; payload_len] };
+            let mut bytes = vec![1, 2, 3];
+            encode_outbox_record(&record, &mut bytes);
+            prop_assert_eq!(&bytes, &postcard::to_allocvec(&record).expect("postcard"));
+            prop_assert_eq!(postcard::from_bytes::<OutboxRecord>(&bytes).expect("decode"), record);
+        }
+    }
+
+    proptest! {
+        /// The runs cover exactly the given sequence numbers.
+        #[test]
+        fn consecutive_runs_cover_exactly_the_sequences(sequences in prop::collection::vec(0u64..64, 0..40)) {
+            let runs = consecutive_runs(&sequences);
+            let covered: std::collections::BTreeSet<u64> = runs.iter().flat_map(Clone::clone).collect();
+            let given: std::collections::BTreeSet<u64> = sequences.iter().copied().collect();
+            prop_assert_eq!(covered, given);
+            prop_assert!(runs.windows(2).all(|pair| pair[0].end < pair[1].start), "{:?}", runs);
+        }
+    }
+
+    /// Acknowledging removes exactly the acknowledged outputs, in and out of order.
+    #[test]
+    fn acknowledged_outputs_leave_the_outbox_and_no_other() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut shard = Shard::open(&dir.path().join("s"), 0).expect("open");
+        let outbox: Vec<OutboxRecord> = (0..10)
+            .map(|n| OutboxRecord {
+                topic: "t".into(),
+                key: vec![n],
+                payload: vec![n],
+            })
+            .collect();
+        let progress = shard.progress();
+        let sequences = shard
+            .commit(
+                Overlay::new(),
+                BTreeSet::new(),
+                BTreeSet::new(),
+                &outbox,
+                progress,
+            )
+            .expect("commit");
+        shard
+            .acknowledge(&[
+                sequences[0],
+                sequences[1],
+                sequences[2],
+                sequences[5],
+                sequences[7],
+                sequences[6],
+            ])
+            .expect("ack");
+        let left: Vec<u64> = shard
+            .outbox()
+            .expect("outbox")
+            .into_iter()
+            .map(|(sequence, _)| sequence)
+            .collect();
+        assert_eq!(left, [sequences[3], sequences[4], sequences[8], sequences[9]]);
+        drop(shard);
+        let shard = Shard::open(&dir.path().join("s"), 0).expect("reopen");
+        assert_eq!(shard.outbox().expect("outbox").len(), 4, "after a reopen too");
+    }
+
+    #[test]
+    fn timer_slots_keep_one_value_per_key_domain_and_name() {
+        let mut slots = TimerSlots::default();
+        slots.set(b"k", TimeDomain::EventTime, "a", 1);
+        slots.set(b"k", TimeDomain::ProcessingTime, "a", 2);
+        slots.set(b"k", TimeDomain::EventTime, "b", 3);
+        slots.set(b"k", TimeDomain::EventTime, "a", 4);
+        assert_eq!(slots.get(b"k", TimeDomain::EventTime, "a"), Some(4));
+        assert_eq!(slots.get(b"k", TimeDomain::ProcessingTime, "a"), Some(2));
+        assert_eq!(slots.get(b"j", TimeDomain::EventTime, "a"), None);
+        slots.remove(b"k", TimeDomain::EventTime, "a");
+        slots.remove(b"k", TimeDomain::EventTime, "b");
+        assert_eq!(slots.get(b"k", TimeDomain::EventTime, "a"), None);
+        slots.remove(b"k", TimeDomain::ProcessingTime, "a");
+        assert!(slots.by_key.is_empty(), "no empty per-key lists are kept");
+    }
 }

@@ -1,0 +1,298 @@
+//! The state engine and the flight processor driven from memory, no broker: what one processing
+//! thread of dedup-state costs per event when the input is already in memory and every output is
+//! acknowledged at once.
+//!
+//! ```sh
+//! cargo run --release -p contrail-dedup-state --example bench-engine        # --days 31 --shards 4
+//! ```
+//!
+//! Real events (nycflights13, January by default, 10 % duplicates) are encoded as the raw topic
+//! holds them, spread over `--shards` RocksDB shards by flight key and processed in micro-batches of
+//! `--batch` records per shard, exactly as the stage calls the engine (`Shard::process_batch`, then
+//! `Shard::acknowledge` for the batch's outputs). Printed: events/s, CPU µs per event of the
+//! processing thread (`/proc/thread-self/schedstat`) and of the whole process (RocksDB's flush and
+//! compaction threads included, `/proc/self/stat`), heap allocations per event, and a digest of
+//! every output in order — identical before and after an optimisation, or the optimisation changed
+//! what the stage emits.
+//!
+//! Baseline, same run, same shards and batches: decode each event and put its payload under its
+//! key, one write batch per micro-batch — the I/O floor of a stage that keeps one value per event.
+#![allow(unsafe_code)] // a counting global allocator (forwards to mimalloc).
+
+use std::alloc::{GlobalAlloc, Layout};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use clap::Parser;
+use contrail_dedup_state::config::TopicsConfig;
+use contrail_dedup_state::processor::FlightProcessor;
+use contrail_flight::flight::Rules;
+use contrail_proto::v1::OperationalEvent;
+use contrail_state::{EngineConfig, InputRecord, Shard};
+use prost::Message;
+
+/// mimalloc, as the stage ships, with a count of allocations.
+struct Counting;
+
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+// SAFETY: forwards every call unchanged to mimalloc; only counts.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: same contract as the caller's.
+        unsafe { mimalloc::MiMalloc.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: same contract as the caller's.
+        unsafe { mimalloc::MiMalloc.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: same contract as the caller's.
+        unsafe { mimalloc::MiMalloc.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+/// The engine from memory: events/s, CPU and allocations per event.
+#[derive(Debug, Parser)]
+struct Args {
+    /// Days of January 2013 to replay (31: ≈ 211,000 events).
+    #[arg(long, default_value_t = 31)]
+    days: u32,
+    /// RocksDB shards (the stage's input partitions).
+    #[arg(long, default_value_t = 4)]
+    shards: usize,
+    /// Records per shard and micro-batch (the stage's default batch is 2,000 over all shards).
+    #[arg(long, default_value_t = 500)]
+    batch: usize,
+    /// Share of duplicate deliveries.
+    #[arg(long, default_value_t = 0.10)]
+    duplicates: f64,
+}
+
+/// CPU time of the calling thread, ns.
+fn thread_cpu_ns() -> u64 {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|text| text.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// CPU time of the whole process (user + system), ns.
+fn process_cpu_ns() -> u64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return 0;
+    };
+    // Fields after the command (which may hold spaces) start after the last ')'.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or("", |(_, rest)| rest)
+        .split_whitespace()
+        .collect();
+    // utime and stime are fields 14 and 15 of the line, i.e. 12 and 13 after the command.
+    let ticks: u64 = [11, 12]
+        .iter()
+        .filter_map(|index| fields.get(*index)?.parse::<u64>().ok())
+        .sum();
+    ticks * 10_000_000 // USER_HZ = 100 on Linux
+}
+
+/// Peak resident memory of the process, MiB.
+fn peak_rss_mib() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            let line = status.lines().find(|line| line.starts_with("VmHWM:"))?;
+            line.split_whitespace().nth(1)?.parse::<f64>().ok()
+        })
+        .map_or(0.0, |kib| kib / 1024.0)
+}
+
+fn fnv1a(hash: &mut u64, bytes: &[u8]) {
+    for byte in bytes {
+        *hash ^= u64::from(*byte);
+        *hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+}
+
+/// One input record: key, encoded event, offset in its shard.
+struct Input {
+    key: Vec<u8>,
+    payload: Vec<u8>,
+    offset: i64,
+}
+
+fn load(args: &Args) -> Vec<Vec<Input>> {
+    let data_dir = contrail_flightdata::default_data_dir().expect("the shipped data/nycflights13");
+    let from = chrono::NaiveDate::from_ymd_opt(2013, 1, 1);
+    let to = chrono::NaiveDate::from_ymd_opt(2013, 1, args.days);
+    let data = contrail_flightdata::FlightData::load(&data_dir, from, to).expect("load flights");
+    let config = contrail_flightdata::ReplayConfig {
+        duplicate_rate: args.duplicates,
+        ..contrail_flightdata::ReplayConfig::default()
+    };
+    let limits = contrail_events::Limits::default();
+    let mut shards: Vec<Vec<Input>> = (0..args.shards).map(|_| Vec::new()).collect();
+    for delivery in contrail_flightdata::ReplayStream::new(data, config) {
+        let event: OperationalEvent =
+            contrail_events::validate_record(&delivery.event.to_json(), &limits, 0).expect("a valid event");
+        let mut hash = 0xcbf2_9ce4_8422_2325;
+        fnv1a(&mut hash, event.flight_key.as_bytes());
+        let shard = &mut shards[(hash % args.shards as u64) as usize];
+        let offset = shard.len() as i64;
+        shard.push(Input {
+            key: event.flight_key.clone().into_bytes(),
+            payload: event.encode_to_vec(),
+            offset,
+        });
+    }
+    shards
+}
+
+struct Measured {
+    seconds: f64,
+    thread_cpu_ns: u64,
+    process_cpu_ns: u64,
+    allocations: u64,
+}
+
+fn measure(run: impl FnOnce()) -> Measured {
+    let (thread, process, allocations) = (
+        thread_cpu_ns(),
+        process_cpu_ns(),
+        ALLOCATIONS.load(Ordering::Relaxed),
+    );
+    let started = Instant::now();
+    run();
+    Measured {
+        seconds: started.elapsed().as_secs_f64(),
+        thread_cpu_ns: thread_cpu_ns() - thread,
+        process_cpu_ns: process_cpu_ns() - process,
+        allocations: ALLOCATIONS.load(Ordering::Relaxed) - allocations,
+    }
+}
+
+fn report(name: &str, events: usize, measured: &Measured) {
+    let events_f = events as f64;
+    println!(
+        "{name:<44} {:>9.0} events/s  {:>6.2} µs CPU/event (thread)  {:>6.2} µs CPU/event (process)  {:>6.1} allocations/event",
+        events_f / measured.seconds,
+        measured.thread_cpu_ns as f64 / 1_000.0 / events_f,
+        measured.process_cpu_ns as f64 / 1_000.0 / events_f,
+        measured.allocations as f64 / events_f,
+    );
+}
+
+/// Rounds of micro-batches, shards interleaved as the stage's worker does.
+fn batches(inputs: &[Vec<Input>], batch: usize) -> Vec<(usize, std::ops::Range<usize>)> {
+    let rounds = inputs
+        .iter()
+        .map(|shard| shard.len().div_ceil(batch))
+        .max()
+        .unwrap_or(0);
+    let mut order = Vec::new();
+    for round in 0..rounds {
+        for (shard, records) in inputs.iter().enumerate() {
+            let start = round * batch;
+            if start < records.len() {
+                order.push((shard, start..(start + batch).min(records.len())));
+            }
+        }
+    }
+    order
+}
+
+fn main() {
+    let args = Args::parse();
+    let loading = Instant::now();
+    let inputs = load(&args);
+    let events: usize = inputs.iter().map(Vec::len).sum();
+    println!(
+        "{events} real events (January 1-{}, {:.0} % duplicates) over {} shards, {} per shard and batch, loaded in {:.1} s",
+        args.days,
+        args.duplicates * 100.0,
+        args.shards,
+        args.batch,
+        loading.elapsed().as_secs_f64()
+    );
+    let order = batches(&inputs, args.batch);
+    let dir = std::env::temp_dir().join(format!("bench-engine-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+
+    // Baseline: decode and store each event, one write batch per micro-batch.
+    let mut stores: Vec<rocksdb::DB> = (0..args.shards)
+        .map(|shard| rocksdb::DB::open_default(dir.join(format!("baseline-{shard}"))).expect("open baseline"))
+        .collect();
+    let baseline = measure(|| {
+        for (shard, range) in &order {
+            let mut batch = rocksdb::WriteBatch::default();
+            for input in &inputs[*shard][range.clone()] {
+                let event = OperationalEvent::decode(input.payload.as_slice()).expect("decode");
+                batch.put(&input.key, event.encode_to_vec());
+            }
+            stores[*shard].write(batch).expect("write");
+        }
+    });
+    stores.clear();
+
+    // The engine with the flight processor.
+    let rules = Rules::default();
+    let engine = EngineConfig {
+        allowed_lateness_us: rules.allowed_lateness_us,
+    };
+    let mut shards: Vec<Shard> = (0..args.shards)
+        .map(|shard| Shard::open(&dir.join(format!("shard-{shard}")), shard as i32).expect("open shard"))
+        .collect();
+    let mut processors: Vec<FlightProcessor> = (0..args.shards)
+        .map(|shard| FlightProcessor::new(rules, TopicsConfig::default(), shard as i32, None, 1_000_000))
+        .collect();
+    let mut digest = 0xcbf2_9ce4_8422_2325_u64;
+    let mut by_topic: std::collections::BTreeMap<String, usize> = Default::default();
+    let measured = measure(|| {
+        for (shard, range) in &order {
+            let records: Vec<InputRecord<'_>> = inputs[*shard][range.clone()]
+                .iter()
+                .map(|input| InputRecord {
+                    key: &input.key,
+                    payload: &input.payload,
+                    offset: input.offset,
+                })
+                .collect();
+            let result = shards[*shard]
+                .process_batch(&records, &mut processors[*shard], &engine, 0)
+                .expect("process batch");
+            let mut sequences = Vec::with_capacity(result.outputs.len());
+            for (sequence, output) in &result.outputs {
+                fnv1a(&mut digest, output.topic.as_bytes());
+                fnv1a(&mut digest, &output.key);
+                fnv1a(&mut digest, &output.payload);
+                *by_topic.entry(output.topic.clone()).or_default() += 1;
+                sequences.push(*sequence);
+            }
+            shards[*shard].acknowledge(&sequences).expect("acknowledge");
+        }
+    });
+    let state_mib = shards.iter().map(Shard::approximate_size_bytes).sum::<u64>() as f64 / 1_048_576.0;
+    drop(shards);
+    let _ = std::fs::remove_dir_all(&dir);
+
+    report(
+        "baseline: decode + put per event, batch commit",
+        events,
+        &baseline,
+    );
+    report("engine + flight processor", events, &measured);
+    println!(
+        "engine / baseline: {:.0} % of the baseline's events/s; outputs {:?}; digest {digest:016x}",
+        (baseline.seconds / measured.seconds) * 100.0,
+        by_topic
+    );
+    println!(
+        "state (RocksDB SST + memtables): {state_mib:.1} MiB; peak RSS {:.0} MiB",
+        peak_rss_mib()
+    );
+}
