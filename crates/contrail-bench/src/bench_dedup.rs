@@ -1,7 +1,8 @@
 //! dedup-state benchmark. Runs the real `dedup-state` binary (from the same target directory as
 //! this benchmark) against its own tansu broker and prints, in one run:
 //!
-//! - the baseline: a plain consumer reading the whole raw topic (the broker's consume ceiling);
+//! - the baselines: a plain consumer reading the whole raw topic (the broker's consume ceiling),
+//!   and a pass-through that also produces as many outputs as the stage (its I/O without logic);
 //! - saturation: dedup-state processing the same backlog from empty state (events/s, from the
 //!   first processed record to caught-up with every output acknowledged), peak RSS, state size;
 //! - a checkpoint of that state (barrier → manifest);
@@ -10,7 +11,10 @@
 //! - latency at a fixed offered load: raw record append → `FlightState` produced, p50/p99.
 //!
 //! Run (the dev profile optimises dependencies and the hot crates; see Cargo.toml):
-//! `cargo build --workspace --all-targets && $CARGO_TARGET_DIR/debug/bench-dedup`
+//! `cargo build --workspace --all-targets && $CARGO_TARGET_DIR/debug/bench-dedup`. The stage as
+//! shipped (release): `cargo build --release -p contrail-dedup-state --bin dedup-state` and
+//! `CONTRAIL_TEST_BIN_DEDUP_STATE=$CARGO_TARGET_DIR/release/dedup-state` (the benchmark's own
+//! process is not measured).
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -23,13 +27,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use common::percentile;
+use common::{percentile, process_cpu_seconds};
 use contrail_flightdata::ReplayConfig;
 use contrail_proto::v1::FlightState;
 use contrail_testkit::dedup::{
     DedupOptions, DedupTopics, DedupUnderTest, produce_events, replay_events, start_dedup_state,
 };
-use contrail_testkit::{Broker, create_topics, read_topic};
+use contrail_testkit::{Broker, TopicReader, create_topics, read_topic};
 use prost::Message as _;
 use rdkafka::Message as _;
 use rdkafka::config::ClientConfig;
@@ -47,6 +51,93 @@ struct Args {
     /// Duration of the latency phase, seconds.
     #[arg(long, default_value_t = 10)]
     seconds: u64,
+}
+
+/// What the pass-through baseline measured.
+struct PassThrough {
+    events_per_second: f64,
+    cpu_us_per_event: f64,
+    broker_cpu_us_per_event: f64,
+    outputs: usize,
+}
+
+/// The stage's I/O without its logic: reads the raw topic (4 partitions, from the beginning) and,
+/// for each record whose payload it has not seen (what the stage accepts), produces two records —
+/// the stage writes a `FlightState` and the accepted event — with the stage's producer settings
+/// (idempotent, acks from all replicas, no delivery timeout), until every output is acknowledged.
+fn pass_through(broker: &Broker, raw: &str, expected: usize) -> Result<PassThrough> {
+    use rdkafka::consumer::{BaseConsumer, Consumer as _};
+    use rdkafka::{Offset, TopicPartitionList};
+    let outputs = [format!("{raw}.through.a"), format!("{raw}.through.b")];
+    create_topics(&broker.address, &[&outputs[0], &outputs[1]], 4)?;
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &broker.address)
+        .set("group.id", format!("pass-through-{}", std::process::id()))
+        .set("enable.auto.commit", "false")
+        .create()
+        .context("consumer")?;
+    let mut assignment = TopicPartitionList::new();
+    for partition in 0..4 {
+        assignment.add_partition_offset(raw, partition, Offset::Beginning)?;
+    }
+    consumer.assign(&assignment)?;
+    let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
+        .set("bootstrap.servers", &broker.address)
+        .set("enable.idempotence", "true")
+        .set("message.timeout.ms", "0")
+        .create()
+        .context("producer")?;
+    let mut seen = std::collections::HashSet::new();
+    let (mut read, mut produced) = (0usize, 0usize);
+    let (cpu, broker_cpu) = (
+        process_cpu_seconds(std::process::id()),
+        process_cpu_seconds(broker.pid()),
+    );
+    let started = Instant::now();
+    while read < expected {
+        if started.elapsed() > Duration::from_secs(300) {
+            anyhow::bail!("pass-through read {read} of {expected} records in 300 s");
+        }
+        let Some(message) = consumer.poll(Duration::from_millis(100)) else {
+            continue;
+        };
+        let message = message?;
+        read += 1;
+        let payload = message.payload().unwrap_or_default();
+        if !seen.insert(payload.to_vec()) {
+            continue;
+        }
+        for topic in &outputs {
+            let mut record = BaseRecord::to(topic).payload(payload);
+            if let Some(key) = message.key() {
+                record = record.key(key);
+            }
+            loop {
+                match producer.send(record) {
+                    Ok(()) => break,
+                    Err((
+                        rdkafka::error::KafkaError::MessageProduction(
+                            rdkafka::types::RDKafkaErrorCode::QueueFull,
+                        ),
+                        back,
+                    )) => {
+                        record = back;
+                        producer.poll(Duration::from_millis(1));
+                    }
+                    Err((error, _)) => return Err(error.into()),
+                }
+            }
+            produced += 1;
+        }
+    }
+    producer.flush(Duration::from_secs(300)).context("flush")?;
+    let elapsed = started.elapsed().as_secs_f64();
+    Ok(PassThrough {
+        events_per_second: read as f64 / elapsed,
+        cpu_us_per_event: (process_cpu_seconds(std::process::id()) - cpu) * 1e6 / read as f64,
+        broker_cpu_us_per_event: (process_cpu_seconds(broker.pid()) - broker_cpu) * 1e6 / read as f64,
+        outputs: produced,
+    })
 }
 
 fn timestamp_ms(message: &rdkafka::message::OwnedMessage) -> Option<i64> {
@@ -90,6 +181,12 @@ fn main() -> Result<()> {
     )?;
     let baseline = raw.len() as f64 / (started.elapsed().as_secs_f64() - 0.5);
     println!("baseline: plain consumer reads the raw topic        {baseline:>10.0} events/s");
+    drop(raw);
+    let through = pass_through(&broker, &topics.raw, backlog.len())?;
+    println!(
+        "baseline: pass-through (consume, produce 2 per new event) {:>6.0} events/s; CPU per event: it {:.1} µs, broker {:.1} µs  ({} outputs)",
+        through.events_per_second, through.cpu_us_per_event, through.broker_cpu_us_per_event, through.outputs
+    );
 
     let dir = std::env::temp_dir().join(format!("bench-dedup-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -115,13 +212,22 @@ fn main() -> Result<()> {
         std::thread::sleep(Duration::from_millis(20));
     }
     let first = Instant::now();
+    let (stage_cpu, broker_cpu) = (
+        process_cpu_seconds(stage.process.pid()),
+        process_cpu_seconds(broker.pid()),
+    );
     let status = stage.wait_caught_up(4, Duration::from_secs(900))?;
     let elapsed = first.elapsed().as_secs_f64();
+    let (stage_cpu, broker_cpu) = (
+        process_cpu_seconds(stage.process.pid()) - stage_cpu,
+        process_cpu_seconds(broker.pid()) - broker_cpu,
+    );
     let records = status.counters.get("records_total").copied().unwrap_or(0.0);
     let state_mib = status.partitions.iter().map(|p| p.state_bytes).sum::<u64>() as f64 / 1_048_576.0;
     println!(
-        "dedup-state, saturated, from empty state:         {:>10.0} events/s = {:.0} % of the baseline  ({records:.0} records in {elapsed:.1} s; accepted {:.0}, duplicates {:.0}, late {:.0})",
+        "dedup-state, saturated, from empty state:         {:>10.0} events/s = {:.0} % of the pass-through, {:.0} % of the plain consumer  ({records:.0} records in {elapsed:.1} s; accepted {:.0}, duplicates {:.0}, late {:.0})",
         records / elapsed,
+        100.0 * records / elapsed / through.events_per_second,
         100.0 * records / elapsed / baseline,
         status
             .counters
@@ -130,6 +236,11 @@ fn main() -> Result<()> {
             .unwrap_or(0.0),
         status.counters.get("duplicates_total").copied().unwrap_or(0.0),
         status.counters.get("late_events_total").copied().unwrap_or(0.0),
+    );
+    println!(
+        "  CPU per event: dedup-state {:.1} µs, broker {:.1} µs (process user + system time, /proc)",
+        stage_cpu * 1e6 / records,
+        broker_cpu * 1e6 / records,
     );
     println!(
         "  peak RSS of dedup-state: {:.0} MiB; state on disk (RocksDB, 4 shards): {state_mib:.1} MiB",
@@ -180,6 +291,28 @@ fn main() -> Result<()> {
     let live = &live[..count.min(live.len())];
     let per_slice = (args.rate / 10).max(1) as usize;
     let live_start_ms = chrono::Utc::now().timestamp_millis();
+    // The broker's own latency, as a baseline: a plain reader of the raw topic stamps each live
+    // record when it receives it (10 ms resolution).
+    let reading = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let reader = {
+        let (address, raw, reading) = (broker.address.clone(), topics.raw.clone(), reading.clone());
+        std::thread::spawn(move || -> Result<Vec<f64>> {
+            let mut reader = TopicReader::open(&address, &raw)?;
+            let mut latencies = Vec::new();
+            let mut stamped = 0;
+            while reading.load(std::sync::atomic::Ordering::Relaxed) {
+                reader.poll_for(Duration::from_millis(10))?;
+                let now_ms = chrono::Utc::now().timestamp_millis();
+                for message in &reader.messages()[stamped..] {
+                    if let Some(appended) = timestamp_ms(message).filter(|ms| *ms >= live_start_ms) {
+                        latencies.push((now_ms - appended) as f64);
+                    }
+                }
+                stamped = reader.messages().len();
+            }
+            Ok(latencies)
+        })
+    };
     let started = Instant::now();
     // One producer for the whole phase (a producer per slice would cost a connection each).
     let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
@@ -203,6 +336,19 @@ fn main() -> Result<()> {
     producer.flush(Duration::from_secs(60))?;
     let offered = live.len() as f64 / started.elapsed().as_secs_f64();
     stage.wait_caught_up(4, Duration::from_secs(300))?;
+    std::thread::sleep(Duration::from_millis(500));
+    reading.store(false, std::sync::atomic::Ordering::Relaxed);
+    let mut plain = reader
+        .join()
+        .map_err(|_| anyhow::anyhow!("the raw reader panicked"))??;
+    plain.sort_by(f64::total_cmp);
+    println!(
+        "baseline latency (raw append → a plain reader receives it, {} records): p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms",
+        plain.len(),
+        percentile(&plain, 0.5),
+        percentile(&plain, 0.99),
+        plain.last().copied().unwrap_or(f64::NAN)
+    );
     let raw = read_topic(
         &broker.address,
         &topics.raw,
@@ -213,13 +359,11 @@ fn main() -> Result<()> {
         .iter()
         .filter_map(|message| Some(((message.partition(), message.offset()), timestamp_ms(message)?)))
         .collect();
-    let curated = read_topic(
-        &broker.address,
-        &topics.curated,
-        usize::MAX,
-        Duration::from_secs(20),
-    )?;
+    // Every state the stage wrote: read until nothing new arrives for 2 s.
+    let mut curated = TopicReader::open(&broker.address, &topics.curated)?;
+    while curated.poll_for(Duration::from_secs(2))? > 0 {}
     let mut latencies: Vec<f64> = curated
+        .messages()
         .iter()
         .filter_map(|message| {
             let state = FlightState::decode(message.payload()?).ok()?;

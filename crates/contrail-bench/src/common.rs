@@ -55,6 +55,25 @@ pub fn counter(stage: &contrail_testkit::cosmos::CosmosStage, name: &str) -> f64
         .unwrap_or(0.0)
 }
 
+/// CPU time (user + system) a process has used so far, seconds, from `/proc/<pid>/stat`.
+pub fn process_cpu_seconds(pid: u32) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0.0;
+    };
+    // The fields after the command name (which may hold spaces) follow its closing ')'; utime and
+    // stime are the 14th and 15th fields of the line, in clock ticks (USER_HZ = 100).
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or("", |(_, rest)| rest)
+        .split_whitespace()
+        .collect();
+    [11, 12]
+        .iter()
+        .filter_map(|index| fields.get(*index)?.parse::<f64>().ok())
+        .sum::<f64>()
+        / 100.0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -172,13 +172,16 @@ impl RulesConfig {
     }
 }
 
-/// Micro-batching: a batch ends at `max_records` or after `max_wait_ms`.
+/// Micro-batching: a batch holds what has arrived, up to `max_records`; only an empty batch waits
+/// (at most `max_wait_ms`) for its first record. Under load batches fill from the consumer's
+/// prefetched records; at low load a record is processed as soon as it arrives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct BatchConfig {
     /// Records per micro-batch (over all shards).
     pub max_records: usize,
-    /// How long to wait to fill a batch.
+    /// How long an empty batch waits for a first record before the loop goes round (timers,
+    /// checkpoints, pauses are served between batches).
     pub max_wait_ms: u64,
     /// Outputs produced but not yet acknowledged by the broker above which consumption waits.
     pub max_unacknowledged: usize,

@@ -174,7 +174,7 @@ pub struct WorkerSettings {
     pub input_topic: String,
     /// Records per micro-batch.
     pub max_records: usize,
-    /// Time to fill a batch.
+    /// How long an empty batch waits for its first record.
     pub max_wait: Duration,
     /// Unacknowledged outputs above which consumption waits.
     pub max_unacknowledged: usize,
@@ -244,19 +244,24 @@ pub fn run(
             }
             continue;
         }
+        // Wait (up to max_wait) only for a batch's first record; then take what has already
+        // arrived, without waiting, up to max_records: waiting to fill a batch would add up to
+        // max_wait to every record's latency at low load, and under load the consumer's prefetch
+        // fills batches anyway.
         let deadline = Instant::now() + settings.max_wait;
         while buffered.len() < settings.max_records {
-            let remaining = deadline.saturating_duration_since(Instant::now());
-            match consumer.poll(remaining) {
+            let wait = if buffered.is_empty() {
+                deadline.saturating_duration_since(Instant::now())
+            } else {
+                Duration::ZERO
+            };
+            match consumer.poll(wait) {
                 Some(Ok(message)) => buffered.push((message.partition(), OwnedRecord::from(&message))),
                 Some(Err(error)) => {
                     tracing::warn!(%error, "consumer error");
                     break;
                 }
                 None => break,
-            }
-            if remaining.is_zero() {
-                break;
             }
         }
         if buffered.is_empty() {

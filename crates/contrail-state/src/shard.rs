@@ -95,8 +95,11 @@ const META_NEXT_SEQUENCE: &[u8] = b"next_outbox_sequence";
 /// (a key has a handful of timers).
 #[derive(Debug, Default)]
 pub(crate) struct TimerSlots<T> {
-    by_key: HashMap<Vec<u8>, Vec<(TimeDomain, Box<str>, T)>>,
+    by_key: HashMap<Vec<u8>, Vec<Slot<T>>>,
 }
+
+/// One timer's entry in [`TimerSlots`]: its domain, its name and the value.
+type Slot<T> = (TimeDomain, Box<str>, T);
 
 impl<T: Copy> TimerSlots<T> {
     /// The value of `key`'s timer `name` in `domain`, if any.

@@ -44,6 +44,11 @@ pub struct Broker {
 }
 
 impl Broker {
+    /// The broker's process id (to read its CPU time from `/proc`).
+    pub fn pid(&self) -> u32 {
+        self.process.pid()
+    }
+
     /// Starts a broker with in-memory storage on a free port and waits until it accepts connections.
     /// The calling thread must outlive the broker (children are killed when it exits).
     pub fn start() -> Result<Broker> {
