@@ -46,9 +46,16 @@ fn allowed() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
         "contrail-ingest",
         with_runtime(&["contrail-events", "contrail-flightdata"]),
     );
+    // events and flightdata as dev-dependencies only: the `bench-engine` example replays real
+    // flights through the engine (docs/BENCHMARKS.md).
     map.insert(
         "contrail-dedup-state",
-        with_runtime(&["contrail-flight", "contrail-state"]),
+        with_runtime(&[
+            "contrail-flight",
+            "contrail-state",
+            "contrail-events",
+            "contrail-flightdata",
+        ]),
     );
     map.insert(
         "contrail-cosmos-writer",
@@ -88,21 +95,7 @@ fn workspace_root() -> &'static Path {
 
 /// Every workspace package and its contrail dependencies (any kind).
 fn actual() -> BTreeMap<String, BTreeSet<String>> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-    let output = Command::new(&cargo)
-        .args(["metadata", "--no-deps", "--format-version", "1", "--offline"])
-        .current_dir(workspace_root())
-        .output()
-        .expect("cargo metadata runs");
-    assert!(
-        output.status.success(),
-        "cargo metadata failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let metadata: serde_json::Value =
-        serde_json::from_slice(&output.stdout).expect("cargo metadata prints JSON");
-    let packages = metadata["packages"].as_array().expect("a packages list");
-    packages
+    packages()
         .iter()
         .map(|package| {
             let name = package["name"].as_str().expect("a name").to_owned();
@@ -117,6 +110,47 @@ fn actual() -> BTreeMap<String, BTreeSet<String>> {
             (name, deps)
         })
         .collect()
+}
+
+/// The workspace's packages as `cargo metadata` describes them.
+fn packages() -> Vec<serde_json::Value> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    let output = Command::new(&cargo)
+        .args(["metadata", "--no-deps", "--format-version", "1", "--offline"])
+        .current_dir(workspace_root())
+        .output()
+        .expect("cargo metadata runs");
+    assert!(
+        output.status.success(),
+        "cargo metadata failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let metadata: serde_json::Value =
+        serde_json::from_slice(&output.stdout).expect("cargo metadata prints JSON");
+    metadata["packages"].as_array().expect("a packages list").clone()
+}
+
+#[test]
+fn dedup_state_uses_the_flight_data_only_in_its_benchmark() {
+    // The map allows dedup-state events and flightdata for its `bench-engine` example: they must
+    // stay dev-dependencies, out of the stage's binary.
+    let packages = packages();
+    let dedup = packages
+        .iter()
+        .find(|package| package["name"] == "contrail-dedup-state")
+        .expect("contrail-dedup-state");
+    let beyond_dev: Vec<&str> = dedup["dependencies"]
+        .as_array()
+        .expect("a dependencies list")
+        .iter()
+        .filter(|dep| dep["name"] == "contrail-events" || dep["name"] == "contrail-flightdata")
+        .filter(|dep| dep["kind"] != "dev")
+        .filter_map(|dep| dep["name"].as_str())
+        .collect();
+    assert!(
+        beyond_dev.is_empty(),
+        "dedup-state depends on {beyond_dev:?} beyond its dev-dependencies"
+    );
 }
 
 #[test]
