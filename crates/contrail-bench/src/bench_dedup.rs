@@ -27,13 +27,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use common::{percentile, process_cpu_seconds};
+use common::{bucket_difference, bucket_quantile, histogram_buckets, percentile, process_cpu_seconds};
 use contrail_flightdata::ReplayConfig;
 use contrail_proto::v1::FlightState;
 use contrail_testkit::dedup::{
     DedupOptions, DedupTopics, DedupUnderTest, produce_events, replay_events, start_dedup_state,
 };
-use contrail_testkit::{Broker, TopicReader, create_topics, read_topic};
+use contrail_testkit::{Broker, TopicReader, create_topics, http_get, read_topic};
 use prost::Message as _;
 use rdkafka::Message as _;
 use rdkafka::config::ClientConfig;
@@ -51,6 +51,10 @@ struct Args {
     /// Duration of the latency phase, seconds.
     #[arg(long, default_value_t = 10)]
     seconds: u64,
+    /// A TOML configuration file for dedup-state (e.g. `[kafka.properties]` to try librdkafka
+    /// settings); the stage runs on the benchmark's settings otherwise.
+    #[arg(long)]
+    stage_config: Option<std::path::PathBuf>,
 }
 
 /// What the pass-through baseline measured.
@@ -205,7 +209,14 @@ fn main() -> Result<()> {
             // gets its partitions back without waiting for the session timeout.
             ("CONTRAIL_GROUP__STATIC_MEMBERSHIP".into(), "true".into()),
             ("RUST_LOG".into(), "warn".into()),
-        ],
+        ]
+        .into_iter()
+        .chain(
+            args.stage_config
+                .iter()
+                .map(|file| ("CONTRAIL_CONFIG_FILE".to_owned(), file.display().to_string())),
+        )
+        .collect(),
     })?;
     // Saturation: from the first processed record to caught up (group join excluded).
     while processed(&stage) == 0.0 {
@@ -290,6 +301,8 @@ fn main() -> Result<()> {
     let count = (args.rate * args.seconds) as usize;
     let live = &live[..count.min(live.len())];
     let per_slice = (args.rate / 10).max(1) as usize;
+    let age_metric = "contrail_dedup_record_age_seconds";
+    let ages_before = histogram_buckets(&http_get(&format!("{}/metrics", stage.http_url))?, age_metric);
     let live_start_ms = chrono::Utc::now().timestamp_millis();
     // The broker's own latency, as a baseline: a plain reader of the raw topic stamps each live
     // record when it receives it (10 ms resolution).
@@ -336,6 +349,15 @@ fn main() -> Result<()> {
     producer.flush(Duration::from_secs(60))?;
     let offered = live.len() as f64 / started.elapsed().as_secs_f64();
     stage.wait_caught_up(4, Duration::from_secs(300))?;
+    let ages = bucket_difference(
+        &ages_before,
+        &histogram_buckets(&http_get(&format!("{}/metrics", stage.http_url))?, age_metric),
+    );
+    println!(
+        "  record age when dedup-state processes it (its histogram, live phase): p50 ≤ {:.0} ms, p99 ≤ {:.0} ms",
+        bucket_quantile(&ages, 0.5) * 1000.0,
+        bucket_quantile(&ages, 0.99) * 1000.0
+    );
     std::thread::sleep(Duration::from_millis(500));
     reading.store(false, std::sync::atomic::Ordering::Relaxed);
     let mut plain = reader

@@ -12,6 +12,36 @@ pub fn percentile(sorted: &[f64], fraction: f64) -> f64 {
 /// The `fraction` quantile of a Prometheus histogram in `metrics` (all label sets together), as
 /// the upper bound of the bucket that reaches it (seconds).
 pub fn histogram_quantile(metrics: &str, name: &str, fraction: f64) -> f64 {
+    bucket_quantile(&histogram_buckets(metrics, name), fraction)
+}
+
+/// The `fraction` quantile of cumulative `(upper bound, count)` buckets in ascending order: the
+/// upper bound of the first bucket that reaches it (NaN when empty).
+pub fn bucket_quantile(buckets: &[(f64, f64)], fraction: f64) -> f64 {
+    let total = buckets.last().map_or(0.0, |(_, count)| *count);
+    buckets
+        .iter()
+        .find(|(_, count)| *count >= fraction * total)
+        .map_or(f64::NAN, |(bound, _)| *bound)
+}
+
+/// The buckets of a histogram between two scrapes: `after`'s counts less `before`'s.
+pub fn bucket_difference(before: &[(f64, f64)], after: &[(f64, f64)]) -> Vec<(f64, f64)> {
+    after
+        .iter()
+        .map(|(bound, count)| {
+            let earlier = before
+                .iter()
+                .find(|(known, _)| known == bound)
+                .map_or(0.0, |(_, count)| *count);
+            (*bound, count - earlier)
+        })
+        .collect()
+}
+
+/// The cumulative `(upper bound, count)` buckets of a Prometheus histogram in `metrics` (all
+/// label sets added up), ascending.
+pub fn histogram_buckets(metrics: &str, name: &str) -> Vec<(f64, f64)> {
     let mut buckets: Vec<(f64, f64)> = Vec::new();
     for line in metrics
         .lines()
@@ -39,11 +69,7 @@ pub fn histogram_quantile(metrics: &str, name: &str, fraction: f64) -> f64 {
         }
     }
     buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
-    let total = buckets.last().map_or(0.0, |(_, count)| *count);
     buckets
-        .iter()
-        .find(|(_, count)| *count >= fraction * total)
-        .map_or(f64::NAN, |(bound, _)| *bound)
 }
 
 /// A counter from a stage's admin `Status` (0 when absent or unreachable).

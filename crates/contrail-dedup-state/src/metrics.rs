@@ -18,6 +18,9 @@ pub struct DedupMetrics {
     pub commits: IntCounter,
     /// Time to process and commit a micro-batch of one shard.
     pub commit_seconds: Histogram,
+    /// Age of each input record when its batch is processed: now − the record's broker timestamp
+    /// (freshness; includes the broker's and the consumer's delays).
+    pub record_age_seconds: Histogram,
     /// Outputs committed to the outbox and not yet acknowledged by the broker.
     pub outbox_pending: IntGauge,
     /// Outputs re-sent (after a restart, or after a failed delivery).
@@ -54,6 +57,13 @@ impl DedupMetrics {
                 "contrail_dedup_commit_seconds",
                 "Process + commit time of one shard batch",
                 &[0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0],
+            ),
+            record_age_seconds: registry.histogram(
+                "contrail_dedup_record_age_seconds",
+                "Age of an input record when processed (now - its broker timestamp)",
+                &[
+                    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+                ],
             ),
             outbox_pending: registry.gauge(
                 "contrail_dedup_outbox_pending",

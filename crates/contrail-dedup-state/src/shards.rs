@@ -416,6 +416,12 @@ impl ShardSet {
         accept_gap: bool,
     ) -> Result<Processed, DedupStateError> {
         let started = Instant::now();
+        let now_ms = chrono::Utc::now().timestamp_millis();
+        for timestamp_ms in records.iter().filter_map(|record| record.timestamp_ms) {
+            self.metrics
+                .record_age_seconds
+                .observe(now_ms.saturating_sub(timestamp_ms).max(0) as f64 / 1000.0);
+        }
         let mut inner = self.lock();
         let Some(owned) = inner.shards.get_mut(&partition) else {
             // Not ours (revoked while buffered): the new owner reads them from its stored offset.
@@ -569,6 +575,8 @@ pub(crate) struct OwnedRecord {
     offset: i64,
     key: Vec<u8>,
     payload: Vec<u8>,
+    /// The record's broker timestamp (create or append time), ms.
+    timestamp_ms: Option<i64>,
 }
 
 impl<M: Message> From<&M> for OwnedRecord {
@@ -577,6 +585,7 @@ impl<M: Message> From<&M> for OwnedRecord {
             offset: message.offset(),
             key: message.key().unwrap_or_default().to_vec(),
             payload: message.payload().unwrap_or_default().to_vec(),
+            timestamp_ms: message.timestamp().to_millis(),
         }
     }
 }
