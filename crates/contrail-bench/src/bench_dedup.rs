@@ -264,6 +264,14 @@ fn main() -> Result<()> {
         "checkpoint epoch {epoch} (4 shards, barrier → upload → manifest): {:.0} ms",
         started.elapsed().as_secs_f64() * 1e3
     );
+    let pause = histogram_buckets(
+        &http_get(&format!("{}/metrics", stage.http_url))?,
+        "contrail_dedup_checkpoint_pause_seconds",
+    );
+    println!(
+        "  processing paused for it (the RocksDB checkpoints of 4 shards): ≤ {:.0} ms",
+        bucket_quantile(&pause, 1.0) * 1e3
+    );
     let started = Instant::now();
     let epoch = stage.trigger_checkpoint()?;
     println!(

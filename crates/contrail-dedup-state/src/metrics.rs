@@ -33,6 +33,9 @@ pub struct DedupMetrics {
     pub checkpoints: IntCounterVec,
     /// Time of a checkpoint round (barrier to manifest).
     pub checkpoint_seconds: Histogram,
+    /// Time the processing thread is stopped to take a checkpoint's RocksDB checkpoints (the rest
+    /// of a round, the upload, runs beside processing).
+    pub checkpoint_pause_seconds: Histogram,
     /// Shards restored from the checkpoint store.
     pub restores: IntCounter,
 }
@@ -92,6 +95,11 @@ impl DedupMetrics {
                 "contrail_dedup_checkpoint_seconds",
                 "Checkpoint round duration",
                 &[0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0],
+            ),
+            checkpoint_pause_seconds: registry.histogram(
+                "contrail_dedup_checkpoint_pause_seconds",
+                "Processing stopped to take the RocksDB checkpoints of a round",
+                &[0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5],
             ),
             restores: registry.counter(
                 "contrail_dedup_restores_total",
