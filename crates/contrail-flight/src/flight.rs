@@ -533,6 +533,46 @@ mod tests {
         }
     }
 
+    /// The flight's own record holds its dedup entries: with nothing passed as `already_seen`, a
+    /// redelivery is a duplicate until its event time + `dedup_ttl` passes the shard watermark,
+    /// and a different event with the same id in another flight is not (ids are per flight).
+    #[test]
+    fn the_key_state_remembers_accepted_ids_until_their_dedup_ttl() {
+        let rules = Rules::default();
+        let input = SourcePosition::default();
+        let first = event("e1", EventType::Out, 1000);
+        let watermark = 1000 * MINUTE - rules.allowed_lateness_us;
+        let mut key_state = None;
+        assert!(matches!(
+            decide(&mut key_state, &first, &input, false, watermark, &rules),
+            Verdict::Accepted { .. }
+        ));
+        assert_eq!(
+            decide(&mut key_state, &first, &input, false, watermark, &rules),
+            Verdict::Duplicate
+        );
+        let expiry = 1000 * MINUTE + rules.dedup_ttl_us;
+        assert!(has_seen(key_state.as_ref().expect("state"), "e1", expiry - 1));
+        assert!(!has_seen(key_state.as_ref().expect("state"), "e1", expiry));
+        assert_eq!(
+            live_dedup_entries(key_state.as_ref().expect("state"), watermark),
+            [("e1", expiry)]
+        );
+        // Past its dedup TTL the redelivery is no duplicate any more: the flight is expired.
+        assert!(matches!(
+            decide(&mut key_state, &first, &input, false, expiry, &rules),
+            Verdict::Late {
+                reason: LateReason::Expired,
+                ..
+            }
+        ));
+        let mut other_flight = None;
+        assert!(matches!(
+            decide(&mut other_flight, &first, &input, false, watermark, &rules),
+            Verdict::Accepted { .. }
+        ));
+    }
+
     #[test]
     fn overdue_timer_follows_the_schedule_and_stops_at_out_or_cancel() {
         let rules = Rules::default();
