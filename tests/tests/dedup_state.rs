@@ -11,11 +11,19 @@ use contrail_testkit::dedup::{
     DedupOptions, DedupTopics, DedupUnderTest, OracleRules, check_outputs, expect, produce_events,
     raw_records, realistic_feed, replay_events, start_dedup_state,
 };
-use contrail_testkit::{Moments, create_topics, read_topic, shared_broker, test_dir, unique};
+use contrail_testkit::{Moments, create_topics, read_to_end, shared_broker, test_dir, unique};
 use rdkafka::message::OwnedMessage;
 
+/// Every record of `topic` (the stage is caught up: up to each partition's end, whatever copies
+/// it holds — reading until a count could stop before a partition's tail); at least `at_least`.
 fn read_all(brokers: &str, topic: &str, at_least: usize) -> Vec<OwnedMessage> {
-    read_topic(brokers, topic, at_least, Duration::from_secs(120)).expect("read topic")
+    let messages = read_to_end(brokers, topic, Duration::from_secs(120)).expect("read topic");
+    assert!(
+        messages.len() >= at_least,
+        "{topic}: {} records, expected at least {at_least}",
+        messages.len()
+    );
+    messages
 }
 
 /// Reads the raw topic and the outputs and checks them against the oracle; panics with the

@@ -165,6 +165,56 @@ pub fn read_topic(
     Ok(reader.into_messages())
 }
 
+/// Reads every record of `topic` up to the high watermark each of its partitions has now — for
+/// outputs of a stage that is caught up. A count-based read ([`read_topic`]) can stop before a
+/// partition's tail when the topic also holds re-sent copies; this one cannot. Fails, naming the
+/// partitions short of their end, after `timeout`.
+pub fn read_to_end(brokers: &str, topic: &str, timeout: Duration) -> Result<Vec<OwnedMessage>> {
+    let mut reader = TopicReader::open(brokers, topic)?;
+    let metadata = reader
+        .consumer
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .context("metadata")?;
+    let mut targets = BTreeMap::new();
+    for partition in metadata
+        .topics()
+        .iter()
+        .filter(|candidate| candidate.name() == topic)
+        .flat_map(|candidate| candidate.partitions().iter().map(|partition| partition.id()))
+    {
+        let (_, high) = reader
+            .consumer
+            .fetch_watermarks(topic, partition, Duration::from_secs(10))
+            .context("watermarks")?;
+        if high > 0 {
+            targets.insert(partition, high);
+        }
+    }
+    let started = Instant::now();
+    loop {
+        let short: Vec<(i32, i64, i64)> = targets
+            .iter()
+            .map(|(partition, high)| {
+                (
+                    *partition,
+                    reader.ends.get(partition).copied().unwrap_or(0),
+                    *high,
+                )
+            })
+            .filter(|(_, read, high)| read < high)
+            .collect();
+        if short.is_empty() {
+            return Ok(reader.into_messages());
+        }
+        if started.elapsed() >= timeout {
+            bail!(
+                "{topic}: partitions (partition, read up to, end) short of their end after {timeout:?}: {short:?}"
+            );
+        }
+        reader.poll_for(Duration::from_millis(200))?;
+    }
+}
+
 /// Creates topics (ignoring "already exists").
 pub fn create_topics(brokers: &str, topics: &[&str], partitions: i32) -> Result<()> {
     use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
