@@ -23,14 +23,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use common::{counter, histogram_quantile, percentile};
+use common::{counter, histogram_quantile, percentile, process_cpu_seconds};
 use contrail_flightdata::ReplayConfig;
 use contrail_proto::v1::{FlightState, ServingChange};
 use contrail_testkit::cosmos::{
     CosmosDev, CosmosStage, DEV_KEY, curated_stream, expected_documents, produce_states, sync_env, writer_env,
 };
 use contrail_testkit::dedup::replay_events;
-use contrail_testkit::{Broker, create_topics, read_topic};
+use contrail_testkit::{Broker, create_topics, read_to_end};
 use futures::StreamExt;
 use prost::Message as _;
 use rdkafka::Message as _;
@@ -115,12 +115,23 @@ fn main() -> Result<()> {
     );
 
     let finals: Vec<serde_json::Value> = expected.values().cloned().collect();
+    let dev_pid = dev.process.pid();
+    let (client_cpu, dev_cpu) = (
+        process_cpu_seconds(std::process::id()),
+        process_cpu_seconds(dev_pid),
+    );
     let (ceiling, latencies) = baseline(&dev, &finals, args.concurrency)?;
+    let (client_cpu, dev_cpu) = (
+        process_cpu_seconds(std::process::id()) - client_cpu,
+        process_cpu_seconds(dev_pid) - dev_cpu,
+    );
     println!(
-        "baseline: unguarded upsert, {} in flight          {ceiling:>8.0} docs/s   p50 {:.1} ms  p99 {:.1} ms",
+        "baseline: unguarded upsert, {} in flight          {ceiling:>8.0} docs/s   p50 {:.1} ms  p99 {:.1} ms;  CPU per document: client {:.0} µs, cosmos-dev {:.0} µs",
         args.concurrency,
         1e3 * percentile(&latencies, 0.50),
-        1e3 * percentile(&latencies, 0.99)
+        1e3 * percentile(&latencies, 0.99),
+        client_cpu * 1e6 / finals.len() as f64,
+        dev_cpu * 1e6 / finals.len() as f64,
     );
 
     let mut env = writer_env(&broker.address, &topic, "bench-writer", &dev);
@@ -134,8 +145,10 @@ fn main() -> Result<()> {
         std::thread::sleep(Duration::from_millis(10));
     }
     let first = Instant::now();
+    let cpu_before = [writer.process.pid(), dev_pid, broker.pid()].map(process_cpu_seconds);
     writer.wait_committed(&broker.address, &topic, states.len(), Duration::from_secs(900))?;
     let elapsed = first.elapsed().as_secs_f64();
+    let cpu = [writer.process.pid(), dev_pid, broker.pid()].map(process_cpu_seconds);
     let records = counter(&writer, "records_total");
     let written = counter(&writer, "documents_written_total");
     let stale = counter(&writer, "stale_skipped_total");
@@ -151,6 +164,14 @@ fn main() -> Result<()> {
         request_units,
     );
     println!(
+        "cosmos-writer, CPU per record: the stage {:.1} µs, cosmos-dev {:.1} µs, the broker {:.1} µs  (per document written: the stage {:.0} µs, cosmos-dev {:.0} µs)",
+        (cpu[0] - cpu_before[0]) * 1e6 / records,
+        (cpu[1] - cpu_before[1]) * 1e6 / records,
+        (cpu[2] - cpu_before[2]) * 1e6 / records,
+        (cpu[0] - cpu_before[0]) * 1e6 / written.max(1.0),
+        (cpu[1] - cpu_before[1]) * 1e6 / written.max(1.0),
+    );
+    println!(
         "cosmos-writer, guarded write latency (histogram bucket bounds): p50 ≤ {:.1} ms  p99 ≤ {:.1} ms;  peak RSS {:.0} MiB",
         1e3 * histogram_quantile(&metrics, name, 0.50),
         1e3 * histogram_quantile(&metrics, name, 0.99),
@@ -159,6 +180,7 @@ fn main() -> Result<()> {
 
     let mut env = sync_env(&broker.address, &changes_topic, "bench-sync", &dev);
     env.push(("RUST_LOG".to_owned(), "warn".to_owned()));
+    let dev_cpu_before = process_cpu_seconds(dev_pid);
     let started = Instant::now();
     let sync = CosmosStage::start("changefeed-sync", env, &dir.join("sync"))?;
     let documents = expected.len() as f64;
@@ -170,9 +192,13 @@ fn main() -> Result<()> {
         std::thread::sleep(Duration::from_millis(20));
     }
     let elapsed = started.elapsed().as_secs_f64();
+    let sync_cpu = process_cpu_seconds(sync.process.pid());
+    let dev_cpu = process_cpu_seconds(dev_pid) - dev_cpu_before;
     println!(
-        "changefeed-sync, backlog of {documents:.0} documents: {:>8.0} changes/s (start, lease acquisition and publication included: {elapsed:.1} s);  peak RSS {:.0} MiB",
+        "changefeed-sync, backlog of {documents:.0} documents: {:>8.0} changes/s (start, lease acquisition and publication included: {elapsed:.1} s);  CPU per change: the stage {:.0} µs (start included), cosmos-dev {:.0} µs;  peak RSS {:.0} MiB",
         documents / elapsed,
+        sync_cpu * 1e6 / documents,
+        dev_cpu * 1e6 / documents,
         peak(&sync)
     );
 
@@ -190,12 +216,7 @@ fn main() -> Result<()> {
         produce_states(&broker.address, &topic, chunk)?;
     }
     std::thread::sleep(Duration::from_secs(3));
-    let curated = read_topic(
-        &broker.address,
-        &topic,
-        states.len() + offered.len(),
-        Duration::from_secs(60),
-    )?;
+    let curated = read_to_end(&broker.address, &topic, Duration::from_secs(60))?;
     let appended: HashMap<(String, u64), i64> = curated
         .iter()
         .filter_map(|message| {
@@ -206,12 +227,7 @@ fn main() -> Result<()> {
             ))
         })
         .collect();
-    let changes = read_topic(
-        &broker.address,
-        &changes_topic,
-        usize::MAX,
-        Duration::from_secs(5),
-    )?;
+    let changes = read_to_end(&broker.address, &changes_topic, Duration::from_secs(60))?;
     let new_keys: std::collections::HashSet<&str> =
         offered.iter().map(|state| state.flight_key.as_str()).collect();
     let mut latencies: Vec<f64> = changes

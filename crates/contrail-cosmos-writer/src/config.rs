@@ -73,15 +73,21 @@ impl Default for TopicsConfig {
     }
 }
 
-/// Batching: a batch is what arrives within `max_wait_ms` (at most `max_records`); its flights are
-/// coalesced to their newest version and written with at most `concurrency` requests in flight.
+/// The write window: consumed records are written as they arrive, with at most `concurrency`
+/// writes in flight (one per flight; newer versions of a flight being written coalesce behind it),
+/// and each partition is committed up to its first record not yet in Cosmos DB every
+/// `commit_interval_ms`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct BatchConfig {
-    /// Most records per batch.
-    pub max_records: usize,
-    /// Longest wait for a batch to fill, ms.
-    pub max_wait_ms: u64,
+    /// Most records consumed and not yet committed (consumption pauses beyond it). Called
+    /// `max_records` before the window replaced fixed batches; that name is still accepted.
+    #[serde(alias = "max_records")]
+    pub window_records: usize,
+    /// How often finished writes' offsets are committed, ms (also the longest a record written to
+    /// Cosmos DB waits for its commit). Called `max_wait_ms` before; that name is still accepted.
+    #[serde(alias = "max_wait_ms")]
+    pub commit_interval_ms: u64,
     /// Cosmos DB writes in flight.
     pub concurrency: usize,
     /// Flights whose last written version and ETag are remembered (saves the read before a replace).
@@ -91,8 +97,8 @@ pub struct BatchConfig {
 impl Default for BatchConfig {
     fn default() -> Self {
         BatchConfig {
-            max_records: 2_000,
-            max_wait_ms: 100,
+            window_records: 2_000,
+            commit_interval_ms: 100,
             concurrency: 32,
             etag_cache_entries: 200_000,
         }
@@ -102,8 +108,11 @@ impl Default for BatchConfig {
 impl CosmosWriterConfig {
     /// Checks values the types cannot.
     pub fn validate(&self) -> Result<(), String> {
-        if self.batch.max_records == 0 {
-            return Err("batch.max_records must be at least 1".to_owned());
+        if self.batch.window_records == 0 {
+            return Err("batch.window_records must be at least 1".to_owned());
+        }
+        if self.batch.commit_interval_ms == 0 {
+            return Err("batch.commit_interval_ms must be at least 1".to_owned());
         }
         if self.batch.concurrency == 0 {
             return Err("batch.concurrency must be at least 1".to_owned());
@@ -112,5 +121,21 @@ impl CosmosWriterConfig {
             return Err("topics.curated is empty".to_owned());
         }
         self.cosmos.validate().map_err(|error| error.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_batch_settings_of_earlier_versions_still_configure_the_window() {
+        let parse = |json: &str| serde_json::from_str::<BatchConfig>(json);
+        let old = parse(r#"{"max_records": 10, "max_wait_ms": 5}"#).expect("old names");
+        assert_eq!((old.window_records, old.commit_interval_ms), (10, 5));
+        let new = parse(r#"{"window_records": 11, "commit_interval_ms": 6}"#).expect("new names");
+        assert_eq!((new.window_records, new.commit_interval_ms), (11, 6));
+        let error = parse(r#"{"window_record": 1}"#).expect_err("a misspelt key is refused");
+        assert!(error.to_string().contains("window_record"), "{error}");
     }
 }

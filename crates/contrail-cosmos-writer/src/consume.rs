@@ -1,6 +1,8 @@
-//! The consume → write → commit loop: a batch of curated states is decoded (bad records to the
-//! dead-letter topic), coalesced to the newest version per flight, written through the version
-//! guard, and only then are its offsets committed.
+//! The consume → write → commit loop: curated states are decoded as they arrive (bad records to
+//! the dead-letter topic) and offered to the write window ([`crate::window`]): up to
+//! `batch.concurrency` guarded writes in flight, one per flight, newer versions coalescing behind
+//! it; every `batch.commit_interval_ms` each partition is committed up to its first record whose
+//! write is not yet acknowledged.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -12,6 +14,7 @@ use contrail_common::shutdown::Shutdown;
 use contrail_flight::document::flight_document;
 use contrail_proto::v1::{FlightState, SourcePosition};
 use futures::StreamExt;
+use futures::stream::FuturesUnordered;
 use prost::Message as _;
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::message::{Message, OwnedMessage};
@@ -20,8 +23,8 @@ use rdkafka::{Offset, TopicPartitionList};
 
 use crate::config::CosmosWriterConfig;
 use crate::error::CosmosWriterError;
-use crate::guard;
 use crate::metrics::WriterMetrics;
+use crate::window::{Offer, Window, Write};
 use crate::writer::{DocumentWriter, Outcome, WriteError};
 
 pub(crate) struct Loop<'a> {
@@ -35,55 +38,116 @@ pub(crate) struct Loop<'a> {
     pub(crate) shutdown: &'a Shutdown,
 }
 
+/// What a write carries: the document, and the record it came from (for a dead letter).
+type Carried = (serde_json::Value, OwnedMessage);
+
 impl Loop<'_> {
     pub(crate) async fn run(&self) -> Result<(), CosmosWriterError> {
-        let max_wait = Duration::from_millis(self.config.batch.max_wait_ms);
-        loop {
-            if self.shutdown.is_triggered() {
-                return Ok(());
+        let interval = Duration::from_millis(self.config.batch.commit_interval_ms);
+        let mut tick = tokio::time::interval(interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut window: Window<Carried> = Window::default();
+        let mut writes = FuturesUnordered::new();
+        let result = loop {
+            while writes.len() < self.config.batch.concurrency {
+                let Some(write) = window.next_write() else { break };
+                writes.push(self.start(write));
             }
-            if self.paused.load(Ordering::Relaxed) {
-                tokio::select! {
-                    () = self.shutdown.triggered() => return Ok(()),
-                    () = tokio::time::sleep(Duration::from_millis(200)) => continue,
-                }
-            }
-            let first = tokio::select! {
-                () = self.shutdown.triggered() => return Ok(()),
-                message = self.consumer.recv() => message,
-            };
-            let first = match first {
-                Ok(message) => message.detach(),
-                Err(error) => {
-                    tracing::warn!(%error, "consumer error");
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                    continue;
-                }
-            };
-            let mut batch = vec![first];
-            let deadline = tokio::time::Instant::now() + max_wait;
-            while batch.len() < self.config.batch.max_records {
-                match tokio::time::timeout_at(deadline, self.consumer.recv()).await {
-                    Ok(Ok(message)) => batch.push(message.detach()),
-                    Ok(Err(error)) => {
-                        tracing::warn!(%error, "consumer error");
-                        break;
+            let room = window.outstanding() < self.config.batch.window_records
+                && !self.paused.load(Ordering::Relaxed);
+            // Biased: acknowledgements first (they free room and move commit points), then
+            // consumption — so under a backlog the window fills and versions coalesce while they
+            // queue, and at low load a record's write starts as soon as it is consumed.
+            tokio::select! {
+                biased;
+                () = self.shutdown.triggered() => break Ok(()),
+                Some((write, outcome)) = writes.next(), if !writes.is_empty() => {
+                    match self.finish(&write, outcome).await {
+                        Ok(()) => window.complete(&write.key),
+                        Err(WriteError::Stopping) => break Ok(()),
+                        Err(WriteError::Fatal(error)) => break Err(error.into()),
                     }
-                    Err(_) => break,
                 }
+                _ = tick.tick() => self.commit(&mut window),
+                message = self.consumer.recv(), if room => match message {
+                    Ok(message) => match self.offer(&mut window, message.detach()).await {
+                        Ok(()) => {}
+                        Err(WriteError::Stopping) => break Ok(()),
+                        Err(WriteError::Fatal(error)) => break Err(error.into()),
+                    },
+                    Err(error) => {
+                        tracing::warn!(%error, "consumer error");
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                },
             }
-            match self.process(&batch).await {
-                Ok(()) => self.commit(&batch),
-                Err(WriteError::Stopping) => {
-                    tracing::info!(
-                        records = batch.len(),
-                        "stopping: the batch in flight is not committed and will be redelivered"
-                    );
-                    return Ok(());
-                }
-                Err(WriteError::Fatal(error)) => return Err(error.into()),
+        };
+        // Stopping (DESIGN §6): consume no more, let the writes in flight finish (a write that
+        // would have to be retried gives up once stopping), commit what they completed.
+        let unfinished = window.outstanding();
+        while let Some((write, outcome)) = writes.next().await {
+            if self.finish(&write, outcome).await.is_ok() {
+                window.complete(&write.key);
             }
         }
+        self.commit(&mut window);
+        if window.outstanding() > 0 {
+            tracing::info!(
+                records = window.outstanding(),
+                was = unfinished,
+                "stopping: records not yet in Cosmos DB are not committed and will be redelivered"
+            );
+        }
+        result
+    }
+
+    /// Decodes a consumed record into the window (or the dead-letter topic).
+    async fn offer(&self, window: &mut Window<Carried>, message: OwnedMessage) -> Result<(), WriteError> {
+        self.metrics.records.inc();
+        let position = (message.partition(), message.offset());
+        match self.decode(&message) {
+            Ok((key, version, document)) => {
+                if window.offer(position, &key, version, (document, message)) == Offer::Coalesced {
+                    self.metrics.coalesced.inc();
+                }
+                Ok(())
+            }
+            Err(reason) => {
+                self.dead_letter(&message, reason).await?;
+                window.done(position);
+                Ok(())
+            }
+        }
+    }
+
+    /// The guarded write of one flight's document.
+    async fn start(&self, write: Write<Carried>) -> (Write<Carried>, Result<Outcome, WriteError>) {
+        let shutdown = self.shutdown.clone();
+        let stopping = move || shutdown.is_triggered();
+        let outcome = self
+            .writer
+            .write(&write.key, write.version, &write.item.0, &stopping)
+            .await;
+        (write, outcome)
+    }
+
+    /// Accounts for a finished write; `Ok` when its records are done (written, stale, or
+    /// refused and dead-lettered).
+    async fn finish(
+        &self,
+        write: &Write<Carried>,
+        outcome: Result<Outcome, WriteError>,
+    ) -> Result<(), WriteError> {
+        match outcome {
+            Ok(Outcome::Written) => self.metrics.written.inc(),
+            Ok(Outcome::Stale) => self.metrics.stale.inc(),
+            Err(WriteError::Fatal(error)) => {
+                self.dead_letter(&write.item.1, format!("Cosmos DB refused the document: {error}"))
+                    .await?;
+            }
+            Err(WriteError::Stopping) => return Err(WriteError::Stopping),
+        }
+        Ok(())
     }
 
     /// The record as `(flight key, version, serving document)`, or why it is not a flight state.
@@ -139,68 +203,29 @@ impl Loop<'_> {
         }
     }
 
-    async fn process(&self, batch: &[OwnedMessage]) -> Result<(), WriteError> {
-        self.metrics.records.inc_by(batch.len() as u64);
-        let mut items = Vec::with_capacity(batch.len());
-        for message in batch {
-            match self.decode(message) {
-                Ok((key, version, document)) => items.push((key, version, (document, message))),
-                Err(reason) => self.dead_letter(message, reason).await?,
-            }
-        }
-        let (survivors, dropped) = guard::coalesce(items);
-        self.metrics.coalesced.inc_by(dropped as u64);
-        let shutdown = self.shutdown.clone();
-        let stopping = move || shutdown.is_triggered();
-        let stopping = &stopping;
-        let results: Vec<(Result<Outcome, WriteError>, &OwnedMessage)> =
-            futures::stream::iter(survivors.into_iter().map(
-                |(key, version, (document, message))| async move {
-                    let outcome = self.writer.write(&key, version, &document, stopping).await;
-                    (outcome, message)
-                },
-            ))
-            .buffer_unordered(self.config.batch.concurrency)
-            .collect()
-            .await;
-        for (result, message) in results {
-            match result {
-                Ok(Outcome::Written) => self.metrics.written.inc(),
-                Ok(Outcome::Stale) => self.metrics.stale.inc(),
-                Err(WriteError::Fatal(error)) => {
-                    self.dead_letter(message, format!("Cosmos DB refused the document: {error}"))
-                        .await?;
-                }
-                Err(WriteError::Stopping) => return Err(WriteError::Stopping),
-            }
-        }
-        Ok(())
-    }
-
-    fn commit(&self, batch: &[OwnedMessage]) {
-        let mut next: BTreeMap<(String, i32), i64> = BTreeMap::new();
-        for message in batch {
-            let entry = next
-                .entry((message.topic().to_owned(), message.partition()))
-                .or_insert(0);
-            *entry = (*entry).max(message.offset() + 1);
+    /// Commits every partition whose commit point moved.
+    fn commit(&self, window: &mut Window<Carried>) {
+        let points = window.commit_points();
+        if points.is_empty() {
+            return;
         }
         let mut list = TopicPartitionList::new();
-        for ((topic, partition), offset) in &next {
-            if let Err(error) = list.add_partition_offset(topic, *partition, Offset::Offset(*offset)) {
+        for (partition, offset) in &points {
+            if let Err(error) =
+                list.add_partition_offset(&self.config.topics.curated, *partition, Offset::Offset(*offset))
+            {
                 tracing::warn!(%error, "offset list");
             }
         }
-        // Sync commit (off the async workers: it waits for the broker): the batch's writes are
-        // done; a failed commit (partition moved to another member) only means those records are
-        // written again — harmlessly — by the new owner.
+        // Sync commit (off the async workers: it waits for the broker). Every record below a
+        // point is in Cosmos DB; a failed commit (partition moved to another member) only means
+        // those records are written again — harmlessly — by the new owner.
         match tokio::task::block_in_place(|| self.consumer.commit(&list, CommitMode::Sync)) {
             Ok(()) => {
-                self.metrics.batches.inc();
+                window.committed(&points);
+                self.metrics.commits.inc();
                 if let Ok(mut committed) = self.committed.lock() {
-                    for ((_, partition), offset) in next {
-                        committed.insert(partition, offset);
-                    }
+                    committed.extend(points);
                 }
             }
             Err(error) => tracing::warn!(%error, "offset commit failed; the records will be redelivered"),

@@ -1,13 +1,14 @@
 //! The `cosmos-writer` stage (DESIGN §4, §5): `ops.flights.curated` → Cosmos DB `flights`.
 //!
-//! A consumer-group member reads batches of curated `FlightState`s (at most `batch.max_records`
-//! or what arrives within `batch.max_wait_ms`). Each batch is decoded (undecodable records and
-//! records whose key is not their flight key go to the dead-letter topic with the reason),
-//! coalesced to the newest version per flight ([`guard::coalesce`]) and written with at most
-//! `batch.concurrency` requests in flight through the version guard ([`writer::DocumentWriter`]).
-//! Only when every write and dead letter of the batch is acknowledged are the batch's offsets
-//! committed — so a crash at any moment redelivers records whose effect is already in Cosmos DB
-//! or not yet, and the guard makes both harmless: every flight ends at its highest version.
+//! A consumer-group member decodes curated `FlightState`s as they arrive (undecodable records and
+//! records whose key is not their flight key go to the dead-letter topic with the reason) and
+//! offers them to the write window ([`window::Window`]): at most `batch.concurrency` writes in
+//! flight, one per flight, through the version guard ([`writer::DocumentWriter`]); a newer version
+//! of a flight being written waits behind it and replaces any older waiting one. Every
+//! `batch.commit_interval_ms` each partition is committed up to its first record whose effect is
+//! not yet acknowledged by Cosmos DB — so a crash at any moment redelivers records whose effect is
+//! already in Cosmos DB or not yet, and the guard makes both harmless: every flight ends at its
+//! highest version.
 
 pub mod config;
 mod consume;
@@ -15,6 +16,7 @@ pub mod error;
 pub mod guard;
 pub mod metrics;
 mod status;
+pub mod window;
 pub mod writer;
 
 use std::sync::Arc;

@@ -7,10 +7,12 @@ use clap::Parser;
 use contrail_cosmos_writer::CosmosWriterConfig;
 
 /// Writes ops.flights.curated into the Cosmos DB container `flights` (one document per flight,
-/// id = flight key). Within a batch only the newest version of each flight is written; a document
-/// is never replaced by a lower version (read + If-Match replace, or create), so redeliveries and
-/// replays are harmless. Kafka offsets are committed only after Cosmos DB acknowledged every write
-/// before them; 429/503/408 are retried; undecodable records go to the dead-letter topic.
+/// id = flight key). Records are written as they arrive, up to batch.concurrency writes in flight
+/// (one per flight); versions of a flight that arrive while it waits or is being written coalesce
+/// to the newest. A document is never replaced by a lower version (read + If-Match replace, or
+/// create), so redeliveries and replays are harmless. Each partition's offsets are committed (every
+/// batch.commit_interval_ms) only up to its first record Cosmos DB has not acknowledged; 429/503/408
+/// are retried; undecodable records go to the dead-letter topic.
 ///
 /// Configuration: built-in defaults < the TOML file given with --config < CONTRAIL_* environment
 /// variables (CONTRAIL_COSMOS__ENDPOINT=https://ACCOUNT.documents.azure.com:443/,

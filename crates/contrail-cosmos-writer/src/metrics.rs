@@ -12,7 +12,7 @@ pub struct WriterMetrics {
     pub written: IntCounter,
     /// Writes skipped because the stored version was the same or higher.
     pub stale: IntCounter,
-    /// Records not written because a newer version of the flight was in the same batch.
+    /// Records not written because a newer version of the flight was in the write window.
     pub coalesced: IntCounter,
     /// Records sent to the dead-letter topic.
     pub dead_letters: IntCounter,
@@ -22,8 +22,8 @@ pub struct WriterMetrics {
     pub retries: IntCounterVec,
     /// Latency of one guarded document write (read + replace/create, retries included).
     pub write_seconds: Histogram,
-    /// Batches committed.
-    pub batches: IntCounter,
+    /// Offset commits (each moves one or more partitions forward).
+    pub commits: IntCounter,
 }
 
 impl WriterMetrics {
@@ -41,7 +41,7 @@ impl WriterMetrics {
             ),
             coalesced: registry.counter(
                 "contrail_cosmos_writer_coalesced_total",
-                "Records not written because a newer version of the flight was in the same batch",
+                "Records not written because a newer version of the flight was in the write window",
             ),
             dead_letters: registry.counter(
                 "contrail_cosmos_writer_dead_letters_total",
@@ -63,9 +63,9 @@ impl WriterMetrics {
                     0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0,
                 ],
             ),
-            batches: registry.counter(
-                "contrail_cosmos_writer_batches_total",
-                "Batches written and committed",
+            commits: registry.counter(
+                "contrail_cosmos_writer_offset_commits_total",
+                "Offset commits (each moves one or more partitions past records whose writes are acknowledged)",
             ),
         }
     }

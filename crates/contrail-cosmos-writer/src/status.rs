@@ -75,7 +75,7 @@ impl StageStatus for WriterStatus {
             ("coalesced_total", m.coalesced.get() as f64),
             ("dead_letters_total", m.dead_letters.get() as f64),
             ("request_units_total", m.request_units.get()),
-            ("batches_total", m.batches.get() as f64),
+            ("offset_commits_total", m.commits.get() as f64),
             ("retries_total", m.total_retries()),
         ]
         .into_iter()
