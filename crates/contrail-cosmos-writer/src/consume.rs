@@ -41,14 +41,23 @@ pub(crate) struct Loop<'a> {
 /// What a write carries: the document, and the record it came from (for a dead letter).
 type Carried = (serde_json::Value, OwnedMessage);
 
+/// The loop stops consuming: the stage is stopping, or the dead-letter topic refused a record
+/// (its partition must not be committed past it; the restarted stage meets it again).
+struct Stop;
+
 impl Loop<'_> {
     pub(crate) async fn run(&self) -> Result<(), CosmosWriterError> {
+        self.write_until_stopped().await;
+        Ok(())
+    }
+
+    async fn write_until_stopped(&self) {
         let interval = Duration::from_millis(self.config.batch.commit_interval_ms);
         let mut tick = tokio::time::interval(interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut window: Window<Carried> = Window::default();
         let mut writes = FuturesUnordered::new();
-        let result = loop {
+        loop {
             while writes.len() < self.config.batch.concurrency {
                 let Some(write) = window.next_write() else { break };
                 writes.push(self.start(write));
@@ -60,31 +69,29 @@ impl Loop<'_> {
             // queue, and at low load a record's write starts as soon as it is consumed.
             tokio::select! {
                 biased;
-                () = self.shutdown.triggered() => break Ok(()),
+                () = self.shutdown.triggered() => break,
                 Some((write, outcome)) = writes.next(), if !writes.is_empty() => {
                     match self.finish(&write, outcome).await {
                         Ok(()) => window.complete(&write.key),
-                        Err(WriteError::Stopping) => break Ok(()),
-                        Err(WriteError::Fatal(error)) => break Err(error.into()),
+                        Err(Stop) => break,
                     }
                 }
                 _ = tick.tick() => self.commit(&mut window),
                 message = self.consumer.recv(), if room => match message {
-                    Ok(message) => match self.offer(&mut window, message.detach()).await {
-                        Ok(()) => {}
-                        Err(WriteError::Stopping) => break Ok(()),
-                        Err(WriteError::Fatal(error)) => break Err(error.into()),
-                    },
+                    Ok(message) => {
+                        if let Err(Stop) = self.offer(&mut window, message.detach()).await {
+                            break;
+                        }
+                    }
                     Err(error) => {
                         tracing::warn!(%error, "consumer error");
                         tokio::time::sleep(Duration::from_millis(200)).await;
                     }
                 },
             }
-        };
+        }
         // Stopping (DESIGN §6): consume no more, let the writes in flight finish (a write that
         // would have to be retried gives up once stopping), commit what they completed.
-        let unfinished = window.outstanding();
         while let Some((write, outcome)) = writes.next().await {
             if self.finish(&write, outcome).await.is_ok() {
                 window.complete(&write.key);
@@ -94,15 +101,13 @@ impl Loop<'_> {
         if window.outstanding() > 0 {
             tracing::info!(
                 records = window.outstanding(),
-                was = unfinished,
                 "stopping: records not yet in Cosmos DB are not committed and will be redelivered"
             );
         }
-        result
     }
 
     /// Decodes a consumed record into the window (or the dead-letter topic).
-    async fn offer(&self, window: &mut Window<Carried>, message: OwnedMessage) -> Result<(), WriteError> {
+    async fn offer(&self, window: &mut Window<Carried>, message: OwnedMessage) -> Result<(), Stop> {
         self.metrics.records.inc();
         let position = (message.partition(), message.offset());
         match self.decode(&message) {
@@ -133,11 +138,7 @@ impl Loop<'_> {
 
     /// Accounts for a finished write; `Ok` when its records are done (written, stale, or
     /// refused and dead-lettered).
-    async fn finish(
-        &self,
-        write: &Write<Carried>,
-        outcome: Result<Outcome, WriteError>,
-    ) -> Result<(), WriteError> {
+    async fn finish(&self, write: &Write<Carried>, outcome: Result<Outcome, WriteError>) -> Result<(), Stop> {
         match outcome {
             Ok(Outcome::Written) => self.metrics.written.inc(),
             Ok(Outcome::Stale) => self.metrics.stale.inc(),
@@ -145,7 +146,7 @@ impl Loop<'_> {
                 self.dead_letter(&write.item.1, format!("Cosmos DB refused the document: {error}"))
                     .await?;
             }
-            Err(WriteError::Stopping) => return Err(WriteError::Stopping),
+            Err(WriteError::Stopping) => return Err(Stop),
         }
         Ok(())
     }
@@ -175,7 +176,7 @@ impl Loop<'_> {
         Ok((state.flight_key, state.version, document))
     }
 
-    async fn dead_letter(&self, message: &OwnedMessage, reason: String) -> Result<(), WriteError> {
+    async fn dead_letter(&self, message: &OwnedMessage, reason: String) -> Result<(), Stop> {
         self.metrics.dead_letters.inc();
         tracing::warn!(partition = message.partition(), offset = message.offset(), %reason, "record to the dead-letter topic");
         let key = message.key().unwrap_or_default();
@@ -196,9 +197,9 @@ impl Loop<'_> {
         match self.dlq.send(record, Duration::from_secs(300)).await {
             Ok(_) => Ok(()),
             Err((error, _)) => {
-                // Without the dead letter acknowledged the batch must not be committed.
+                // Without the dead letter acknowledged its partition must not be committed past it.
                 tracing::error!(%error, "dead-letter topic refused the record");
-                Err(WriteError::Stopping)
+                Err(Stop)
             }
         }
     }
