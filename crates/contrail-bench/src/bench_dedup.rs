@@ -269,7 +269,7 @@ fn main() -> Result<()> {
         "contrail_dedup_checkpoint_pause_seconds",
     );
     println!(
-        "  processing paused for it (the RocksDB checkpoints of 4 shards): ≤ {:.0} ms",
+        "  processing thread paused for it (handing out 4 shards' checkpoint handles): ≤ {:.1} ms",
         bucket_quantile(&pause, 1.0) * 1e3
     );
     let started = Instant::now();
@@ -279,23 +279,35 @@ fn main() -> Result<()> {
         started.elapsed().as_secs_f64() * 1e3
     );
 
-    stage.process.kill9();
-    let started = Instant::now();
-    stage.restart()?;
-    stage.wait_caught_up(4, Duration::from_secs(120))?;
+    let join = group_join_seconds(&broker.address, &topics.raw)?;
     println!(
-        "recovery after kill -9 (restart → 4 shards reopened, assigned, caught up): {:.2} s",
-        started.elapsed().as_secs_f64()
+        "baseline: a plain consumer joining a new group on this broker, until the 4 partitions are assigned: {join:.2} s"
     );
+    // The topic is idle: its ends are known before the restarts, so the timings below hold only
+    // the stage's own work (reading the ends waits 1.5 s for quiescence).
+    let ends = stage.raw_ends()?;
+    let recover = |stage: &mut DedupUnderTest, what: &str| -> Result<()> {
+        let started = Instant::now();
+        stage.restart()?;
+        let ready = started.elapsed().as_secs_f64();
+        stage.wait_assigned(4, Duration::from_secs(120))?;
+        let assigned = started.elapsed().as_secs_f64();
+        stage.wait_caught_up_to(4, &ends, Duration::from_secs(300))?;
+        let caught_up = started.elapsed().as_secs_f64();
+        println!(
+            "{what}: {caught_up:.2} s (process start → ready {ready:.2} s → 4 shards owned {assigned:.2} s → caught up; {:.2} s after assignment)",
+            caught_up - assigned
+        );
+        Ok(())
+    };
+    stage.process.kill9();
+    recover(&mut stage, "recovery after kill -9 (shards reopened)")?;
     stage.process.terminate(Duration::from_secs(30))?;
     std::fs::remove_dir_all(stage.dir.join("shards")).context("delete shards")?;
-    let started = Instant::now();
-    stage.restart()?;
-    stage.wait_caught_up(4, Duration::from_secs(300))?;
-    println!(
-        "recovery of a lost volume (restart → 4 shards restored from the checkpoint, caught up): {:.2} s",
-        started.elapsed().as_secs_f64()
-    );
+    recover(
+        &mut stage,
+        "recovery of a lost volume (shards restored from the checkpoint)",
+    )?;
 
     // Fixed offered load: February events at `rate` per second, in 100 ms slices.
     let live = replay_events(
@@ -341,19 +353,40 @@ fn main() -> Result<()> {
         .set("enable.idempotence", "true")
         .set("linger.ms", "5")
         .create()?;
-    for (index, slice) in live.chunks(per_slice).enumerate() {
-        for event in slice {
-            let payload = event.encode_to_vec();
-            let record = BaseRecord::to(&topics.raw)
-                .key(&event.flight_key)
-                .payload(&payload);
-            producer.send(record).map_err(|(error, _)| error)?;
+    let pause_before = histogram_buckets(
+        &http_get(&format!("{}/metrics", stage.http_url))?,
+        "contrail_dedup_checkpoint_pause_seconds",
+    );
+    // Halfway through the live phase a checkpoint round runs, as the coordinator's interval would
+    // start one: the records appended while it runs show whether processing stalls for it.
+    let slices = live.chunks(per_slice).count();
+    let checkpoint_window = std::thread::scope(|scope| -> Result<(i64, i64)> {
+        let mut round = None;
+        for (index, slice) in live.chunks(per_slice).enumerate() {
+            if index == slices / 2 {
+                round = Some(scope.spawn(|| -> Result<(i64, i64)> {
+                    let from = chrono::Utc::now().timestamp_millis();
+                    stage.trigger_checkpoint()?;
+                    Ok((from, chrono::Utc::now().timestamp_millis()))
+                }));
+            }
+            for event in slice {
+                let payload = event.encode_to_vec();
+                let record = BaseRecord::to(&topics.raw)
+                    .key(&event.flight_key)
+                    .payload(&payload);
+                producer.send(record).map_err(|(error, _)| error)?;
+            }
+            let due = Duration::from_millis(100 * (index as u64 + 1));
+            if let Some(wait) = due.checked_sub(started.elapsed()) {
+                std::thread::sleep(wait);
+            }
         }
-        let due = Duration::from_millis(100 * (index as u64 + 1));
-        if let Some(wait) = due.checked_sub(started.elapsed()) {
-            std::thread::sleep(wait);
-        }
-    }
+        round
+            .context("the live phase has no slices")?
+            .join()
+            .map_err(|_| anyhow::anyhow!("the checkpoint round panicked"))?
+    })?;
     producer.flush(Duration::from_secs(60))?;
     let offered = live.len() as f64 / started.elapsed().as_secs_f64();
     stage.wait_caught_up(4, Duration::from_secs(300))?;
@@ -392,7 +425,8 @@ fn main() -> Result<()> {
     // Every state the stage wrote: read until nothing new arrives for 2 s.
     let mut curated = TopicReader::open(&broker.address, &topics.curated)?;
     while curated.poll_for(Duration::from_secs(2))? > 0 {}
-    let mut latencies: Vec<f64> = curated
+    // (raw append ms, latency ms) of every state produced for a live record, by append time.
+    let mut live_states: Vec<(i64, f64)> = curated
         .messages()
         .iter()
         .filter_map(|message| {
@@ -400,10 +434,11 @@ fn main() -> Result<()> {
             let input = state.input?;
             let appended = *appended.get(&(input.partition, input.offset))?;
             (appended >= live_start_ms).then_some(())?;
-            Some((timestamp_ms(message)? - appended) as f64)
+            Some((appended, (timestamp_ms(message)? - appended) as f64))
         })
         .collect();
-    latencies.sort_by(f64::total_cmp);
+    live_states.sort_by(|a, b| a.1.total_cmp(&b.1));
+    let latencies: Vec<f64> = live_states.iter().map(|(_, latency)| *latency).collect();
     println!(
         "latency at {offered:.0} events/s offered (raw append → FlightState produced, {} states): p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms",
         latencies.len(),
@@ -411,7 +446,63 @@ fn main() -> Result<()> {
         percentile(&latencies, 0.99),
         latencies.last().copied().unwrap_or(f64::NAN)
     );
+    let (from_ms, to_ms) = checkpoint_window;
+    let during: Vec<f64> = live_states
+        .iter()
+        .filter(|(appended, _)| (from_ms..=to_ms).contains(appended))
+        .map(|(_, latency)| *latency)
+        .collect();
+    let pause = bucket_difference(
+        &pause_before,
+        &histogram_buckets(
+            &http_get(&format!("{}/metrics", stage.http_url))?,
+            "contrail_dedup_checkpoint_pause_seconds",
+        ),
+    );
+    println!(
+        "  during the live checkpoint round ({} ms, {} states of records appended in it): p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms; processing thread paused ≤ {:.1} ms",
+        to_ms - from_ms,
+        during.len(),
+        percentile(&during, 0.5),
+        percentile(&during, 0.99),
+        during.last().copied().unwrap_or(f64::NAN),
+        bucket_quantile(&pause, 1.0) * 1e3
+    );
     stage.process.terminate(Duration::from_secs(30))?;
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
+}
+
+/// How long a plain consumer takes from subscribing to a new group on `topic` until the broker
+/// assigned it every partition: the group protocol's share of any restart.
+fn group_join_seconds(brokers: &str, topic: &str) -> Result<f64> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let partitions = {
+        let probe: BaseConsumer = ClientConfig::new().set("bootstrap.servers", brokers).create()?;
+        let metadata = probe.fetch_metadata(Some(topic), Duration::from_secs(10))?;
+        metadata
+            .topics()
+            .iter()
+            .find(|found| found.name() == topic)
+            .map_or(0, |found| found.partitions().len())
+    };
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", format!("bench-join-{}", std::process::id()))
+        .set("enable.auto.commit", "false")
+        // The stage's group settings (contrail_common::kafka and the testkit's deployment).
+        .set("partition.assignment.strategy", "cooperative-sticky")
+        .set("session.timeout.ms", "6000")
+        .set("fetch.wait.max.ms", "100")
+        .create()?;
+    let started = Instant::now();
+    consumer.subscribe(&[topic])?;
+    while consumer.assignment()?.count() < partitions {
+        anyhow::ensure!(
+            started.elapsed() < Duration::from_secs(60),
+            "no assignment of {topic} within 60 s"
+        );
+        let _ = consumer.poll(Duration::from_millis(10));
+    }
+    Ok(started.elapsed().as_secs_f64())
 }

@@ -1,8 +1,10 @@
 //! Coordinated checkpoints (DESIGN §4) over gRPC control messages (`contrail.control.v1`).
 //!
 //! - [`ControlServer`] runs on every instance: a `Barrier(epoch)` asks the processing thread for a
-//!   RocksDB checkpoint of every owned shard (taken between batches), uploads the files to the
-//!   checkpoint store, and answers with one ack per shard (partition, next offset, location).
+//!   checkpoint handle of every owned shard (handed out between batches), takes the RocksDB
+//!   checkpoints on a blocking thread while processing continues, uploads the files to the
+//!   checkpoint store, and answers with one ack per shard (partition, next offset read from the
+//!   checkpoint itself, location).
 //! - [`Coordinator`] runs on one instance: it picks the next epoch, sends the barrier to every peer,
 //!   and writes the epoch's manifest only if the acks cover every partition of the input topic
 //!   (the pure [`protocol::epoch_complete`]); then it garbage-collects epochs older than the newest
@@ -24,6 +26,7 @@ use tonic::{Request, Response, Status};
 
 use crate::error::DedupStateError;
 use crate::metrics::DedupMetrics;
+use crate::shards::PendingCheckpoint;
 use crate::worker::Command;
 
 /// The owner side of the protocol.
@@ -31,6 +34,7 @@ pub struct ControlServer {
     instance: String,
     commands: Sender<Command>,
     store: CheckpointStore,
+    metrics: DedupMetrics,
     /// The last upload per partition with the shard generation it came from: its SST files are
     /// copied inside the store rather than uploaded again (incremental checkpoints).
     previous: Mutex<HashMap<i32, (u64, ShardUpload)>>,
@@ -38,11 +42,17 @@ pub struct ControlServer {
 
 impl ControlServer {
     /// A control server sending barriers to the processing thread through `commands`.
-    pub fn new(instance: String, commands: Sender<Command>, store: CheckpointStore) -> ControlServer {
+    pub fn new(
+        instance: String,
+        commands: Sender<Command>,
+        store: CheckpointStore,
+        metrics: DedupMetrics,
+    ) -> ControlServer {
         ControlServer {
             instance,
             commands,
             store,
+            metrics,
             previous: Mutex::new(HashMap::new()),
         }
     }
@@ -54,10 +64,31 @@ impl ControlServer {
         self.commands
             .send(Command::Checkpoint { epoch, reply })
             .map_err(|_| failed("the processing thread is not running".to_owned()))?;
-        let local = taken
+        let pending = taken
             .await
-            .map_err(|_| failed("the processing thread stopped".to_owned()))?
-            .map_err(failed)?;
+            .map_err(|_| failed("the processing thread stopped".to_owned()))?;
+        // The processing thread only handed out handles; the checkpoints (a memtable flush and
+        // file syncs per shard) are taken here while it keeps processing. Each batch is one atomic
+        // write, so every checkpoint holds its shard at a batch boundary, read back from it.
+        let created = Instant::now();
+        let local = tokio::task::spawn_blocking(move || {
+            pending
+                .into_iter()
+                .map(PendingCheckpoint::take)
+                .collect::<Result<Vec<_>, _>>()
+        })
+        .await
+        .map_err(|error| failed(format!("the checkpoint thread failed: {error}")))?
+        .map_err(|error| failed(error.to_string()))?;
+        self.metrics
+            .checkpoint_local_seconds
+            .observe(created.elapsed().as_secs_f64());
+        tracing::debug!(
+            epoch,
+            shards = local.len(),
+            elapsed_ms = created.elapsed().as_millis() as u64,
+            "shards checkpointed locally"
+        );
         let mut acks = Vec::with_capacity(local.len());
         let mut previous = self.previous.lock().await;
         for checkpoint in local {

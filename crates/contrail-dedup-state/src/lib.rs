@@ -158,7 +158,12 @@ pub async fn run(config: DedupStateConfig, shutdown: Shutdown) -> Result<(), Ded
         metrics: metrics.clone(),
         rules: config.rules.rules(),
     };
-    let control = ControlServer::new(config.instance.clone(), command_sender, store.clone());
+    let control = ControlServer::new(
+        config.instance.clone(),
+        command_sender,
+        store.clone(),
+        metrics.clone(),
+    );
     let admin = std::sync::Arc::new(admin);
     let source = admin.clone();
     contrail_common::admin::spawn_lag_metrics(

@@ -33,9 +33,11 @@ pub struct DedupMetrics {
     pub checkpoints: IntCounterVec,
     /// Time of a checkpoint round (barrier to manifest).
     pub checkpoint_seconds: Histogram,
-    /// Time the processing thread is stopped to take a checkpoint's RocksDB checkpoints (the rest
-    /// of a round, the upload, runs beside processing).
+    /// Time the processing thread is stopped for a checkpoint round: it only hands out a
+    /// checkpoint handle per shard (the RocksDB checkpoints and the upload run beside processing).
     pub checkpoint_pause_seconds: Histogram,
+    /// The RocksDB checkpoints of a round, taken off the processing thread.
+    pub checkpoint_local_seconds: Histogram,
     /// Shards restored from the checkpoint store.
     pub restores: IntCounter,
 }
@@ -98,8 +100,13 @@ impl DedupMetrics {
             ),
             checkpoint_pause_seconds: registry.histogram(
                 "contrail_dedup_checkpoint_pause_seconds",
-                "Processing stopped to take the RocksDB checkpoints of a round",
-                &[0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5],
+                "Processing stopped for a checkpoint round (to hand out the shards' checkpoint handles)",
+                &[0.0001, 0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5],
+            ),
+            checkpoint_local_seconds: registry.histogram(
+                "contrail_dedup_checkpoint_local_seconds",
+                "RocksDB checkpoints of a round's shards (memtable flush, file syncs), taken while processing goes on",
+                &[0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0],
             ),
             restores: registry.counter(
                 "contrail_dedup_restores_total",

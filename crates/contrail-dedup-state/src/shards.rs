@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use contrail_state::checkpoints::CheckpointStore;
 use contrail_state::protocol::{self, LocalShard, RestorePlan};
-use contrail_state::{EngineConfig, InputRecord, OutboxRecord, Shard, StateError};
+use contrail_state::{Checkpointer, EngineConfig, InputRecord, OutboxRecord, Shard, StateError};
 use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
@@ -80,6 +80,17 @@ pub struct Processing {
     pub max_message_bytes: usize,
 }
 
+/// A checkpoint of one owned shard for an epoch, to take off the processing thread.
+pub struct PendingCheckpoint {
+    /// Takes the RocksDB checkpoint while batches keep committing.
+    pub checkpointer: Checkpointer,
+    /// The RocksDB checkpoint directory (in the staging directory; must not exist).
+    pub dir: PathBuf,
+    /// Which open of the shard it comes from: SST file names are unique within one open, so
+    /// uploads of the same generation may share SST files.
+    pub generation: u64,
+}
+
 /// What a shard owner checkpointed locally for an epoch (uploaded by the async side).
 #[derive(Debug, Clone)]
 pub struct LocalCheckpoint {
@@ -89,9 +100,22 @@ pub struct LocalCheckpoint {
     pub next_offset: i64,
     /// The RocksDB checkpoint directory.
     pub dir: PathBuf,
-    /// Which open of the shard it comes from: SST file names are unique within one open, so
-    /// uploads of the same generation may share SST files.
+    /// See [`PendingCheckpoint::generation`].
     pub generation: u64,
+}
+
+impl PendingCheckpoint {
+    /// Writes the checkpoint (blocking: a memtable flush and file syncs) and reads its offset.
+    pub fn take(self) -> Result<LocalCheckpoint, StateError> {
+        let _ = std::fs::remove_dir_all(&self.dir);
+        let next_offset = self.checkpointer.create(&self.dir)?;
+        Ok(LocalCheckpoint {
+            partition: self.checkpointer.partition(),
+            next_offset: next_offset.unwrap_or(0),
+            dir: self.dir,
+            generation: self.generation,
+        })
+    }
 }
 
 /// Status of one owned shard.
@@ -503,24 +527,22 @@ impl ShardSet {
         Ok(Processed::Done)
     }
 
-    /// RocksDB checkpoints of every owned shard for `epoch`, in the staging directory.
-    pub(crate) fn checkpoint(&self, epoch: u64) -> Result<Vec<LocalCheckpoint>, StateError> {
-        // Observed when dropped, on every return path.
+    /// Checkpoint handles of every owned shard for `epoch`: all the processing thread does for a
+    /// checkpoint (the RocksDB checkpoints are taken by [`PendingCheckpoint::take`] elsewhere,
+    /// while batches keep committing).
+    pub(crate) fn checkpoint(&self, epoch: u64) -> Vec<PendingCheckpoint> {
+        // Observed when dropped.
         let _pause = self.metrics.checkpoint_pause_seconds.start_timer();
         let inner = self.lock();
-        let mut taken = Vec::new();
-        for (partition, owned) in &inner.shards {
-            let dir = self.staging_dir.join(format!("epoch-{epoch}-shard-{partition}"));
-            let _ = std::fs::remove_dir_all(&dir);
-            owned.shard.checkpoint(&dir)?;
-            taken.push(LocalCheckpoint {
-                partition: *partition,
-                next_offset: owned.shard.progress().next_offset.unwrap_or(0),
-                dir,
+        inner
+            .shards
+            .iter()
+            .map(|(partition, owned)| PendingCheckpoint {
+                checkpointer: owned.shard.checkpointer(),
+                dir: self.staging_dir.join(format!("epoch-{epoch}-shard-{partition}")),
                 generation: owned.generation,
-            });
-        }
-        Ok(taken)
+            })
+            .collect()
     }
 
     /// Status of every owned shard.

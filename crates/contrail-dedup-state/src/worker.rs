@@ -13,8 +13,9 @@
 //!   deleted from the outbox, failed ones re-sent. Output order within a key follows commit order.
 //! - **Revocation**: the shard's outputs are flushed, acknowledgements applied, the shard closed.
 //!   Batches are processed between polls, so a revocation never interrupts one.
-//! - **Checkpoint barriers** arrive as commands and run between batches: a RocksDB checkpoint of
-//!   every owned shard (hard links), handed to the async side for upload.
+//! - **Checkpoint barriers** arrive as commands between batches: the thread hands a checkpoint
+//!   handle per owned shard to the async side, which takes the RocksDB checkpoints (hard links,
+//!   a memtable flush) on a blocking thread and uploads them while batches keep committing.
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -28,7 +29,7 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio::sync::oneshot;
 
 use crate::error::DedupStateError;
-use crate::shards::{LocalCheckpoint, OwnedRecord, Processed, ShardSet};
+use crate::shards::{OwnedRecord, PendingCheckpoint, Processed, ShardSet};
 
 /// Requests to the processing thread.
 pub enum Command {
@@ -36,8 +37,8 @@ pub enum Command {
     Checkpoint {
         /// The epoch.
         epoch: u64,
-        /// Where to send the local checkpoints.
-        reply: oneshot::Sender<Result<Vec<LocalCheckpoint>, String>>,
+        /// Where to send the shards' checkpoint handles.
+        reply: oneshot::Sender<Vec<PendingCheckpoint>>,
     },
 }
 
@@ -212,7 +213,7 @@ pub fn run(
         while let Ok(command) = commands.try_recv() {
             match command {
                 Command::Checkpoint { epoch, reply } => {
-                    let _ = reply.send(shards.checkpoint(epoch).map_err(|error| error.to_string()));
+                    let _ = reply.send(shards.checkpoint(epoch));
                 }
             }
         }

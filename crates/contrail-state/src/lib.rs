@@ -21,4 +21,4 @@ pub mod shard;
 
 pub use engine::{BatchResult, EngineConfig, InputRecord, KeyContext, StatefulProcessor, inspect};
 pub use error::StateError;
-pub use shard::{OutboxRecord, Shard, ShardProgress, TimeDomain, Timer};
+pub use shard::{Checkpointer, OutboxRecord, Shard, ShardProgress, TimeDomain, Timer};

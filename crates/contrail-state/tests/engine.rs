@@ -392,6 +392,87 @@ fn list_and_map_state_keep_order_and_expire_per_entry() {
     assert_eq!(list_and_map(&shard, "a"), (vec![], vec![]));
 }
 
+/// The checkpoint protocol takes RocksDB checkpoints on another thread while the processing
+/// thread keeps committing: each must hold the shard exactly at a batch boundary, with the offset
+/// it reports, and the state of exactly the records before that offset.
+#[test]
+fn checkpoints_taken_while_batches_commit_hold_the_shard_at_a_batch_boundary() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+    const BATCH: i64 = 7;
+    const KEYS: i64 = 5;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut shard = Shard::open(&dir.path().join("shard-0"), 0).expect("open");
+    let checkpointer = shard.checkpointer();
+    let checkpoints = dir.path().join("checkpoints");
+    std::fs::create_dir_all(&checkpoints).expect("checkpoint directory");
+    let committed = Arc::new(AtomicI64::new(0));
+    let done = Arc::new(AtomicBool::new(false));
+    let taking = std::thread::spawn({
+        let (committed, done) = (Arc::clone(&committed), Arc::clone(&done));
+        move || {
+            // Start once batches are committing; they go on until the last checkpoint is taken.
+            while committed.load(Ordering::SeqCst) < 3 {
+                std::thread::yield_now();
+            }
+            let taken: Vec<_> = (0..12)
+                .map(|n| {
+                    let target = checkpoints.join(format!("c{n}"));
+                    let offset = checkpointer.create(&target).expect("checkpoint");
+                    std::thread::sleep(std::time::Duration::from_millis(2));
+                    (target, offset)
+                })
+                .collect();
+            done.store(true, Ordering::SeqCst);
+            taken
+        }
+    });
+    // Every record has a distinct payload (no dedup), all at minute 0 (nothing expires).
+    let mut batches = 0;
+    while !done.load(Ordering::SeqCst) {
+        let first = batches * BATCH;
+        let inputs: Vec<(Vec<u8>, Vec<u8>)> = (first..first + BATCH)
+            .map(|offset| {
+                (
+                    format!("k{}", offset % KEYS).into_bytes(),
+                    format!("0,{offset}").into_bytes(),
+                )
+            })
+            .collect();
+        run(&mut shard, &inputs, first);
+        batches += 1;
+        committed.store(batches, Ordering::SeqCst);
+    }
+    let taken = taking.join().expect("checkpoint thread");
+    drop(shard);
+    let mut offsets_seen = std::collections::BTreeSet::new();
+    for (target, offset) in taken {
+        let restored = Shard::open(&target, 0).expect("open checkpoint");
+        assert_eq!(restored.progress().next_offset, offset, "{}", target.display());
+        let next = offset.expect("batches were committed before the first checkpoint");
+        assert_eq!(next % BATCH, 0, "offset {next} is not a batch boundary");
+        assert!(next >= 3 * BATCH && next <= batches * BATCH, "offset {next}");
+        offsets_seen.insert(next);
+        for key in 0..KEYS {
+            // Independent of the engine: the records before `next` with this key.
+            let offsets: Vec<i64> = (0..next).filter(|offset| offset % KEYS == key).collect();
+            let expected = (!offsets.is_empty()).then(|| Sum {
+                total: offsets.iter().sum(),
+                count: offsets.len() as u64,
+            });
+            assert_eq!(
+                sum_of(&restored, &format!("k{key}")),
+                expected,
+                "k{key} at {next}"
+            );
+        }
+    }
+    assert!(
+        offsets_seen.len() > 1,
+        "batches committed while the checkpoints were taken: {offsets_seen:?}"
+    );
+}
+
 #[tokio::test]
 async fn a_second_checkpoint_reuses_unchanged_sst_files_and_restores_alone() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -625,9 +625,38 @@ impl DedupUnderTest {
     /// Waits until the instance owns `partitions` shards, has processed every one of them up to
     /// the raw topic's end and has no unacknowledged output.
     pub fn wait_caught_up(&mut self, partitions: usize, timeout: Duration) -> Result<StatusResponse> {
-        // The ends of the raw topic, read from the topic: the local broker's high watermarks were
-        // seen below offsets it had served, so "lag 0" alone can be reported too early.
-        let ends = crate::quiescent_ends(&self.brokers, &self.raw_topic, Duration::from_millis(1_500))?;
+        let ends = self.raw_ends()?;
+        self.wait_caught_up_to(partitions, &ends, timeout)
+    }
+
+    /// The ends of the raw topic, read from the topic once nothing new arrived for 1.5 s: the local
+    /// broker's high watermarks were seen below offsets it had served, so "lag 0" alone can be
+    /// reported too early.
+    pub fn raw_ends(&self) -> Result<BTreeMap<i32, i64>> {
+        crate::quiescent_ends(&self.brokers, &self.raw_topic, Duration::from_millis(1_500))
+    }
+
+    /// Waits until the instance owns `partitions` shards (assigned and opened or restored).
+    pub fn wait_assigned(&mut self, partitions: usize, timeout: Duration) -> Result<StatusResponse> {
+        let (grpc_url, token) = (self.grpc_url.clone(), self.token.clone());
+        self.process.wait_until(
+            &format!("{partitions} shards owned"),
+            timeout,
+            || match status_of(&grpc_url, &token) {
+                Ok(status) if status.partitions.len() == partitions => Ok(Probe::Ready(status)),
+                Ok(status) => Ok(Probe::NotYet(format!("{} shards owned", status.partitions.len()))),
+                Err(error) => Ok(Probe::NotYet(format!("admin Status: {error:#}"))),
+            },
+        )
+    }
+
+    /// [`DedupUnderTest::wait_caught_up`] to ends known already (see [`DedupUnderTest::raw_ends`]).
+    pub fn wait_caught_up_to(
+        &mut self,
+        partitions: usize,
+        ends: &BTreeMap<i32, i64>,
+        timeout: Duration,
+    ) -> Result<StatusResponse> {
         let (grpc_url, token) = (self.grpc_url.clone(), self.token.clone());
         self.process.wait_until(
             &format!("{partitions} shards processed up to the raw topic's ends {ends:?}, nothing in flight"),
