@@ -204,9 +204,25 @@ impl Loop<'_> {
         }
     }
 
-    /// Commits every partition whose commit point moved.
+    /// Commits every partition whose commit point moved and that this instance still owns.
     fn commit(&self, window: &mut Window<Carried>) {
-        let points = window.commit_points();
+        let mut points = window.commit_points();
+        if points.is_empty() {
+            return;
+        }
+        // A partition lost in a rebalance keeps its records in the window until their writes
+        // finish (they are written all the same), but its offsets are the new owner's to commit: a
+        // broker that checks the assignment on commit would refuse the whole list, and committing
+        // would move the new owner's point back. Should the partition come back, its point is
+        // still true (every record below it is in Cosmos DB) and is committed then.
+        let owned = match self.consumer.assignment() {
+            Ok(assignment) => owned_partitions(&assignment, &self.config.topics.curated),
+            Err(error) => {
+                tracing::warn!(%error, "reading the assignment; committing at the next tick");
+                return;
+            }
+        };
+        points.retain(|(partition, _)| owned.contains(partition));
         if points.is_empty() {
             return;
         }
@@ -231,5 +247,32 @@ impl Loop<'_> {
             }
             Err(error) => tracing::warn!(%error, "offset commit failed; the records will be redelivered"),
         }
+    }
+}
+
+/// The partitions of `topic` in `assignment`.
+fn owned_partitions(assignment: &TopicPartitionList, topic: &str) -> std::collections::BTreeSet<i32> {
+    assignment
+        .elements_for_topic(topic)
+        .iter()
+        .map(|element| element.partition())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_partitions_of_the_curated_topic_in_the_assignment_are_owned() {
+        let mut assignment = TopicPartitionList::new();
+        assignment.add_partition("ops.flights.curated", 0);
+        assignment.add_partition("ops.flights.curated", 3);
+        assignment.add_partition("other", 1);
+        assert_eq!(
+            owned_partitions(&assignment, "ops.flights.curated"),
+            [0, 3].into_iter().collect()
+        );
+        assert!(owned_partitions(&TopicPartitionList::new(), "ops.flights.curated").is_empty());
     }
 }
