@@ -12,12 +12,16 @@
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+#[path = "common.rs"]
+mod common;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use clap::Parser;
+use common::process_cpu_seconds;
 use contrail_events::{Limits, validate_record};
 use contrail_ingest::config::HttpPollConfig;
 use contrail_ingest::pipeline::{Pipeline, PipelineTopics};
@@ -26,7 +30,6 @@ use contrail_ingest::{IngestConfig, metrics::IngestMetrics};
 use contrail_testkit::{Broker, free_port};
 use futures::StreamExt;
 use prost::Message;
-use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde_json::{Value, json};
 
 /// Ingest benchmark (see the crate docs).
@@ -96,10 +99,29 @@ fn ingest_config(brokers: &str, prefix: &str) -> IngestConfig {
     config
 }
 
-async fn raw_produce_rate(brokers: &str, events: &[Value]) -> Result<f64> {
+/// Counts the deliveries that failed (the raw baseline's only bookkeeping).
+#[derive(Default)]
+struct CountFailures(std::sync::atomic::AtomicUsize);
+
+impl rdkafka::ClientContext for CountFailures {}
+
+impl rdkafka::producer::ProducerContext for CountFailures {
+    type DeliveryOpaque = ();
+    fn delivery(&self, result: &rdkafka::producer::DeliveryResult<'_>, _: ()) {
+        if result.is_err() {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+}
+
+async fn raw_produce_rate(brokers: &str, broker_pid: u32, events: &[Value]) -> Result<Rate> {
+    use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
     let config = ingest_config(brokers, &format!("bench-raw-{}", unique()));
     contrail_ingest::ensure_topics(&config).await?;
-    let producer: FutureProducer = contrail_ingest::producer_config(&config)?.create()?;
+    // The cheapest way to produce with ingest's settings: no per-record future, one callback that
+    // only counts failures, then a flush.
+    let producer: ThreadedProducer<CountFailures> =
+        contrail_ingest::producer_config(&config)?.create_with_context(CountFailures::default())?;
     let limits = Limits::default();
     // The raw rate is the broker's ceiling: payloads are encoded before the clock starts.
     let mut encoded = Vec::with_capacity(events.len());
@@ -112,41 +134,78 @@ async fn raw_produce_rate(brokers: &str, events: &[Value]) -> Result<f64> {
     let (warm_key, warm_payload) = &encoded[0];
     producer
         .send(
-            FutureRecord::to(&config.topics.raw)
+            BaseRecord::to(&config.topics.raw)
                 .key(warm_key.as_bytes())
                 .payload(warm_payload),
-            Duration::from_secs(10),
         )
-        .await
         .map_err(|(error, _)| error)?;
-    let started = Instant::now();
-    let mut deliveries = Vec::with_capacity(events.len());
+    producer.flush(Duration::from_secs(10))?;
+    let clock = Clock::start(broker_pid);
     for (key, payload) in &encoded {
+        let mut record = BaseRecord::to(&config.topics.raw)
+            .key(key.as_bytes())
+            .payload(payload);
         loop {
-            let record = FutureRecord::to(&config.topics.raw)
-                .key(key.as_bytes())
-                .payload(payload);
-            match producer.send_result(record) {
-                Ok(delivery) => {
-                    deliveries.push(delivery);
-                    break;
+            match producer.send(record) {
+                Ok(()) => break,
+                Err((_, again)) => {
+                    record = again;
+                    tokio::time::sleep(Duration::from_millis(1)).await;
                 }
-                Err(_) => tokio::time::sleep(Duration::from_millis(1)).await,
             }
         }
     }
-    for delivery in deliveries {
-        delivery.await?.map_err(|(error, _)| error)?;
+    let flush = tokio::task::block_in_place(|| producer.flush(Duration::from_secs(60)));
+    flush?;
+    let rate = clock.stop(events.len());
+    let failed = producer.context().0.load(std::sync::atomic::Ordering::Relaxed);
+    anyhow::ensure!(failed == 0, "{failed} raw records were not delivered");
+    Ok(rate)
+}
+
+/// One measured run: events/s, and CPU per event (µs) of this process and of the broker.
+#[derive(Debug, Clone, Copy)]
+struct Rate {
+    per_second: f64,
+    cpu_us: f64,
+    broker_cpu_us: f64,
+}
+
+/// Wall clock and process CPU (this process, the broker) from `/proc`.
+struct Clock {
+    started: Instant,
+    cpu: f64,
+    broker_pid: u32,
+    broker_cpu: f64,
+}
+
+impl Clock {
+    fn start(broker_pid: u32) -> Clock {
+        Clock {
+            started: Instant::now(),
+            cpu: process_cpu_seconds(std::process::id()),
+            broker_pid,
+            broker_cpu: process_cpu_seconds(broker_pid),
+        }
     }
-    Ok(events.len() as f64 / started.elapsed().as_secs_f64())
+
+    fn stop(self, events: usize) -> Rate {
+        let events = events as f64;
+        Rate {
+            per_second: events / self.started.elapsed().as_secs_f64(),
+            cpu_us: (process_cpu_seconds(std::process::id()) - self.cpu) * 1e6 / events,
+            broker_cpu_us: (process_cpu_seconds(self.broker_pid) - self.broker_cpu) * 1e6 / events,
+        }
+    }
 }
 
 async fn http_ingest_rate(
     brokers: &str,
+    broker_pid: u32,
     events: &[Value],
     batch_size: usize,
     concurrency: usize,
-) -> Result<f64> {
+) -> Result<Rate> {
     let config = ingest_config(brokers, &format!("bench-http-{}", unique()));
     let url = format!("http://{}/v1/events?results=failures", config.listen.http);
     let shutdown = contrail_common::shutdown::Shutdown::new();
@@ -175,7 +234,8 @@ async fn http_ingest_rate(
                 .into_bytes()
         })
         .collect();
-    let started = Instant::now();
+    // This process's CPU holds ingest and the benchmark's HTTP client (hyper) alike.
+    let clock = Clock::start(broker_pid);
     let mut responses = futures::stream::iter(bodies)
         .map(|body| {
             let client = &client;
@@ -200,7 +260,7 @@ async fn http_ingest_rate(
     while let Some(result) = responses.next().await {
         accepted += result?;
     }
-    let rate = accepted as f64 / started.elapsed().as_secs_f64();
+    let rate = clock.stop(events.len());
     anyhow::ensure!(
         accepted as usize == events.len(),
         "accepted {accepted} of {}",
@@ -253,10 +313,11 @@ async fn pull_rate(brokers: &str, events: &[Value], args: &Args, parallel: bool)
     let label = if parallel { "parallel" } else { "sequential" };
     let config = ingest_config(brokers, &format!("bench-pull-{label}"));
     contrail_ingest::ensure_topics(&config).await?;
-    let producer: FutureProducer = contrail_ingest::producer_config(&config)?.create()?;
+    let producer: contrail_ingest::delivery::IngestProducer = contrail_ingest::producer_config(&config)?
+        .create_with_context(contrail_ingest::delivery::Tracking)?;
     let registry = contrail_common::metrics::MetricsRegistry::new();
     let pipeline = Pipeline::new(
-        producer,
+        std::sync::Arc::new(producer),
         PipelineTopics {
             raw: config.topics.raw.clone(),
             dlq: config.topics.dlq.clone(),
@@ -366,24 +427,44 @@ async fn main() -> Result<()> {
     let mut http_runs = Vec::new();
     for round in 0..3 {
         eprintln!("round {round}: raw produce");
-        raw_runs.push(raw_produce_rate(&broker.address, part_a).await?);
+        raw_runs.push(raw_produce_rate(&broker.address, broker.pid(), part_a).await?);
         eprintln!("round {round}: http ingest");
-        http_runs.push(http_ingest_rate(&broker.address, part_a, args.batch_size, args.concurrency).await?);
+        http_runs.push(
+            http_ingest_rate(
+                &broker.address,
+                broker.pid(),
+                part_a,
+                args.batch_size,
+                args.concurrency,
+            )
+            .await?,
+        );
     }
-    let median = |runs: &mut Vec<f64>| {
-        runs.sort_by(f64::total_cmp);
+    let median = |runs: &mut Vec<Rate>| {
+        runs.sort_by(|a, b| a.per_second.total_cmp(&b.per_second));
         runs[runs.len() / 2]
     };
-    let raw_all = format!("{raw_runs:.0?}");
-    let http_all = format!("{http_runs:.0?}");
+    let all = |runs: &[Rate]| {
+        format!(
+            "{:.0?}",
+            runs.iter().map(|run| run.per_second).collect::<Vec<_>>()
+        )
+    };
+    let (raw_all, http_all) = (all(&raw_runs), all(&http_runs));
     let raw = median(&mut raw_runs);
     let http = median(&mut http_runs);
-    println!("(a) raw broker produce (idempotent, acks=all): {raw:>10.0} events/s  (runs {raw_all})");
     println!(
-        "(a) HTTP ingest ({} per request, {} in flight):   {http:>10.0} events/s  (runs {http_all}) = {:.0} % of raw",
+        "(a) raw broker produce (idempotent, acks=all): {:>10.0} events/s  (runs {raw_all}); CPU per event: producer {:.2} µs, broker {:.2} µs",
+        raw.per_second, raw.cpu_us, raw.broker_cpu_us
+    );
+    println!(
+        "(a) HTTP ingest ({} per request, {} in flight):   {:>10.0} events/s  (runs {http_all}) = {:.0} % of raw; CPU per event: ingest + HTTP client {:.2} µs, broker {:.2} µs",
         args.batch_size,
         args.concurrency,
-        100.0 * http / raw
+        http.per_second,
+        100.0 * http.per_second / raw.per_second,
+        http.cpu_us,
+        http.broker_cpu_us
     );
 
     let sequential = pull_rate(&broker.address, &events[..pull_events], &args, false).await?;

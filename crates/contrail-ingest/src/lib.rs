@@ -8,6 +8,7 @@
 //! after the broker acknowledged every record of it; memory is bounded by an in-flight limit.
 
 pub mod config;
+pub mod delivery;
 pub mod error;
 pub mod grpc_api;
 pub mod http_api;
@@ -23,7 +24,7 @@ use contrail_common::shutdown::Shutdown;
 use contrail_common::stage::StageContext;
 use contrail_common::topology;
 use rdkafka::ClientConfig;
-use rdkafka::producer::{FutureProducer, Producer};
+use rdkafka::producer::Producer;
 use tokio::sync::Semaphore;
 
 pub use config::IngestConfig;
@@ -106,11 +107,11 @@ pub async fn run(config: IngestConfig, shutdown: Shutdown) -> Result<(), IngestE
     if config.topics.create {
         ensure_topics(&config).await?;
     }
-    let producer: FutureProducer = producer_config(&config)?
-        .create()
+    let producer: delivery::IngestProducer = producer_config(&config)?
+        .create_with_context(delivery::Tracking)
         .map_err(|error| IngestError::BrokerUnavailable(format!("producer: {error}")))?;
     let pipeline = Pipeline::new(
-        producer,
+        Arc::new(producer),
         PipelineTopics {
             raw: config.topics.raw.clone(),
             dlq: config.topics.dlq.clone(),

@@ -17,9 +17,10 @@ use std::time::{Duration, Instant};
 use contrail_events::{BodyRecord, FieldError, Limits, validate_json, validate_record};
 use contrail_proto::v1::DeadLetter;
 use prost::Message;
-use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use rdkafka::producer::BaseRecord;
+use tokio::sync::Semaphore;
 
+use crate::delivery::{IngestProducer, Pending, Request};
 use crate::error::IngestError;
 use crate::metrics::IngestMetrics;
 
@@ -121,7 +122,7 @@ pub struct Pipeline {
 }
 
 struct PipelineInner {
-    producer: FutureProducer,
+    producer: Arc<IngestProducer>,
     topics: PipelineTopics,
     limits: Limits,
     capacity: Arc<Semaphore>,
@@ -149,7 +150,7 @@ enum Validated {
 impl Pipeline {
     /// A pipeline over an idempotent producer.
     pub fn new(
-        producer: FutureProducer,
+        producer: Arc<IngestProducer>,
         topics: PipelineTopics,
         limits: PipelineLimits,
         metrics: IngestMetrics,
@@ -191,7 +192,7 @@ impl Pipeline {
     }
 
     /// The producer, for health probes.
-    pub fn producer(&self) -> &FutureProducer {
+    pub fn producer(&self) -> &Arc<IngestProducer> {
         &self.inner.producer
     }
 
@@ -228,6 +229,10 @@ impl Pipeline {
                 }
             })?;
         inner.metrics.in_flight_records.add(count as i64);
+        // One delivery tracker for the whole batch: it holds the capacity permit (and the records in
+        // the in-flight gauge) until the broker resolved every record — even after a timeout here
+        // or an early return — and answers once.
+        let (request, answer) = Request::new(count, permit, inner.metrics.clone());
         let started = Instant::now();
 
         // Parsing, validation and encoding are CPU work: keep them off the async workers.
@@ -245,7 +250,6 @@ impl Pipeline {
                 })?;
 
         let mut outcomes = Vec::with_capacity(count);
-        let mut deliveries: Vec<(usize, Result<DeliveryFuture, String>)> = Vec::with_capacity(count);
         for (index, item) in validated.into_iter().enumerate() {
             match item {
                 Validated::Valid {
@@ -253,10 +257,10 @@ impl Pipeline {
                     flight_key,
                     payload,
                 } => {
-                    let record = FutureRecord::to(&inner.topics.raw)
+                    let record = BaseRecord::with_opaque_to(&inner.topics.raw, request.record(index))
                         .key(flight_key.as_bytes())
                         .payload(&payload);
-                    deliveries.push((index, enqueue(&inner.producer, record)));
+                    enqueue(&inner.producer, record, &request, index);
                     outcomes.push(RecordOutcome {
                         index,
                         event_id: Some(event_id),
@@ -270,10 +274,10 @@ impl Pipeline {
                     dead_letter,
                 } => {
                     let key = event_id.clone().unwrap_or_default();
-                    let record = FutureRecord::to(&inner.topics.dlq)
+                    let record = BaseRecord::with_opaque_to(&inner.topics.dlq, request.record(index))
                         .key(key.as_bytes())
                         .payload(&dead_letter);
-                    deliveries.push((index, enqueue(&inner.producer, record)));
+                    enqueue(&inner.producer, record, &request, index);
                     outcomes.push(RecordOutcome {
                         index,
                         event_id,
@@ -283,13 +287,9 @@ impl Pipeline {
                 }
             }
         }
-
-        // Deliveries are awaited in a task of their own that holds the capacity permit, so capacity
-        // is released only when the broker has resolved every record, even after a timeout here.
-        let (sender, receiver) = tokio::sync::oneshot::channel();
-        let metrics = inner.metrics.clone();
-        tokio::spawn(await_deliveries(deliveries, permit, metrics, sender));
-        let delivery_errors = match tokio::time::timeout(inner.produce_timeout, receiver).await {
+        request.sent();
+        drop(request);
+        let delivery_errors = match tokio::time::timeout(inner.produce_timeout, answer).await {
             Ok(Ok(errors)) => errors,
             Ok(Err(_)) | Err(_) => {
                 let reason = format!(
@@ -343,47 +343,23 @@ impl Pipeline {
     }
 }
 
-/// Hands a record to the producer; the refusal, said for the client, when it cannot take it.
+/// Hands record `index` to the producer; when it cannot take it, the record is resolved as failed
+/// with the refusal, said for the client.
 fn enqueue(
-    producer: &FutureProducer,
-    record: FutureRecord<'_, [u8], Vec<u8>>,
-) -> Result<DeliveryFuture, String> {
-    producer.send_result(record).map_err(|(error, _)| match error {
-        rdkafka::error::KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull) => {
-            "producer queue is full; retry the record".to_owned()
-        }
-        other => format!("the producer refused the record: {other}"),
-    })
-}
-
-/// Waits for every delivery; sends the indexes that failed with the reason; then frees capacity.
-async fn await_deliveries(
-    deliveries: Vec<(usize, Result<DeliveryFuture, String>)>,
-    permit: OwnedSemaphorePermit,
-    metrics: IngestMetrics,
-    sender: tokio::sync::oneshot::Sender<Vec<(usize, String)>>,
+    producer: &IngestProducer,
+    record: BaseRecord<'_, [u8], Vec<u8>, Box<Pending>>,
+    request: &Request,
+    index: usize,
 ) {
-    let count = deliveries.len();
-    let mut failures = Vec::new();
-    for (index, delivery) in deliveries {
-        let delivery = match delivery {
-            Ok(delivery) => delivery,
-            Err(reason) => {
-                failures.push((index, reason));
-                continue;
+    if let Err((error, _record)) = producer.send(record) {
+        let reason = match error {
+            rdkafka::error::KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull) => {
+                "producer queue is full; retry the record".to_owned()
             }
+            other => format!("the producer refused the record: {other}"),
         };
-        match delivery.await {
-            Ok(Ok(_)) => {}
-            Ok(Err((error, _message))) => {
-                failures.push((index, format!("broker refused the record: {error}")))
-            }
-            Err(_) => failures.push((index, "producer shut down before delivery".to_owned())),
-        }
+        request.resolve(index, Some(reason));
     }
-    let _ = sender.send(failures);
-    metrics.in_flight_records.sub(count as i64);
-    drop(permit);
 }
 
 /// Size limits of one record.
