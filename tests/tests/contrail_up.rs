@@ -14,6 +14,7 @@ use contrail_testkit::cosmos::{
 };
 use contrail_testkit::dedup::{OracleRules, delta_identities, expect, expected_final_state, raw_records};
 use contrail_testkit::delta::verify_tables;
+use contrail_testkit::prometheus::stage_pid;
 use contrail_testkit::up::UpUnderTest;
 use contrail_testkit::{Probe, TopicReader, quiescent_ends, read_topic, test_dir};
 
@@ -649,6 +650,16 @@ fn the_flight_board_updates_live_and_shows_a_flights_history_in_chromium() {
     // The operator's tools against the same platform.
     operate(&up, key, &documents[key]);
 
+    // A stage killed after the summary is restarted like one killed during the run.
+    let killed = stage_pid("cosmos-writer", 8082 + up.offset).expect("cosmos-writer's pid");
+    contrail_testkit::send_signal(killed, contrail_testkit::libc::SIGKILL);
+    wait_restarted(&up, "cosmos-writer", 8082, killed);
+    assert!(
+        up.output().contains("cosmos-writer exited"),
+        "contrail up says what it restarted:\n{}",
+        up.output_tail(20)
+    );
+
     let status = up.interrupt(Duration::from_secs(90)).expect("stops");
     assert!(
         status.success(),
@@ -662,7 +673,7 @@ fn the_flight_board_updates_live_and_shows_a_flights_history_in_chromium() {
 /// then delta-archiver is stopped (SIGSTOP: it cannot answer, like a hung process) and
 /// ContrailStageDown fires for it and for no other stage; once it continues, the alert resolves.
 fn monitor(up: &UpUnderTest, dir: &std::path::Path) {
-    use contrail_testkit::prometheus::{Prometheus, stage_pid};
+    use contrail_testkit::prometheus::Prometheus;
     let stages = [
         ("ingest", 8080),
         ("dedup-state", 8081),
@@ -777,6 +788,30 @@ fn contrail(up: &UpUnderTest, args: &[&str]) -> (bool, String, String) {
     )
 }
 
+/// Waits until `stage` runs again as another process than `old_pid` and answers `/healthz` on its
+/// HTTP port (`http_port` before the platform's offset).
+fn wait_restarted(up: &UpUnderTest, stage: &str, http_port: u16, old_pid: u32) {
+    let port = http_port + up.offset;
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    loop {
+        let pid = stage_pid(stage, port).ok();
+        let live = pid.is_some_and(|pid| pid != old_pid)
+            && matches!(
+                contrail_testkit::answers_200(&format!("http://127.0.0.1:{port}/healthz")),
+                Probe::Ready(())
+            );
+        if live {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{stage} was not restarted within 90 s (pid {pid:?}, was {old_pid}):\n{}",
+            up.output_tail(20)
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
 fn json_of(text: &str) -> serde_json::Value {
     serde_json::from_str(text.trim()).unwrap_or_else(|error| panic!("not JSON ({error}): {text}"))
 }
@@ -856,9 +891,12 @@ fn operate(up: &UpUnderTest, key: &str, document: &serde_json::Value) {
     let (ok, _, err) = contrail(up, &["admin", "--stage", "dedup", "status"]);
     assert!(!ok && err.contains("dedup"), "{err}");
 
-    // Drain: the stage finishes, exits, and contrail up's supervisor starts it again.
+    // Drain: the stage finishes, exits, and contrail up's supervisor starts it again (the run's
+    // summary is out: the supervisor keeps going while the board is up).
+    let drained = stage_pid("changefeed-sync", 8083 + up.offset).expect("changefeed-sync's pid");
     let (ok, out, err) = contrail(up, &["admin", "--stage", "changefeed-sync", "drain", "--json"]);
     assert!(ok && json_of(&out)["draining"] == true, "{out}{err}");
+    wait_restarted(up, "changefeed-sync", 8083, drained);
 
     // The serving store.
     let (ok, out, err) = contrail(up, &["flights", "get", key, "--json"]);

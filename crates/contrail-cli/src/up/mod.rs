@@ -323,7 +323,10 @@ impl Run<'_> {
         let settled = replay_started.elapsed();
         let cosmos_latency = sampler.finish().await;
         Milestones::set(&up.milestones.finished);
-        let _ = tokio::join!(supervisor, status_task);
+        // The supervisor goes on (a stage that exits while the board is up is restarted) until
+        // the platform shuts down; the terminal's status line ends here, the board's goes on.
+        let _ = status_task.await;
+        let board_status = status::spawn_for_the_board(up.clone());
         if let Some(chaos) = chaos {
             let _ = chaos.await;
         }
@@ -371,9 +374,13 @@ impl Run<'_> {
                 .with_context(|| format!("writing {}", path.display()))?;
         }
         if !args.exit {
-            println!("\nthe flight board stays up at http://{board_address}/ — Ctrl-C stops everything");
+            println!(
+                "\nthe flight board stays up at http://{board_address}/ and the stages stay supervised — Ctrl-C stops everything"
+            );
             let _ = tokio::signal::ctrl_c().await;
         }
+        // Ends with the platform's shutdown (the caller's), like the board's status line.
+        drop((supervisor, board_status));
         if !passed {
             bail!(
                 "the exactly-once checks failed (see above; logs in {})",

@@ -14,13 +14,20 @@ use crate::platform::{Ports, STAGES, StageSpec};
 /// How long the consumers have to own their partitions before the replay starts.
 pub(super) const ASSIGNMENT_TIMEOUT: Duration = Duration::from_secs(180);
 
-/// A stage's admin status, `None` when it does not answer within a second (restarting).
-async fn admin_status(ports: Ports, stage: &StageSpec) -> Option<admin::StatusResponse> {
+/// How long a stage's admin API has to answer the status line: under a backlog a stage's admin
+/// API answers late (its status reads every owned partition), and late is not down.
+const STATUS_TIMEOUT: Duration = Duration::from_millis(2_500);
+
+/// A stage whose process started this recently and does not answer yet is restarting.
+const RESTART_GRACE: Duration = Duration::from_secs(30);
+
+/// A stage's admin status, `None` when it does not answer within `timeout`.
+async fn admin_status(ports: Ports, stage: &StageSpec, timeout: Duration) -> Option<admin::StatusResponse> {
     let url = format!("http://127.0.0.1:{}", ports.grpc(stage));
     let channel = tonic::transport::Endpoint::from_shared(url)
         .ok()?
         .connect_timeout(Duration::from_millis(300))
-        .timeout(Duration::from_millis(700))
+        .timeout(timeout)
         .connect()
         .await
         .ok()?;
@@ -31,8 +38,11 @@ async fn admin_status(ports: Ports, stage: &StageSpec) -> Option<admin::StatusRe
 /// What the status line says about one stage.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum StageLag {
-    /// It does not answer (restarting).
+    /// It does not answer, and its process started less than [`RESTART_GRACE`] ago.
     Restarting,
+    /// It does not answer although its process has been running for a while (hung, or too
+    /// busy to answer within [`STATUS_TIMEOUT`]).
+    NotAnswering,
     /// A consumer that owns no input partition (changefeed-sync: no lease): it consumes nothing,
     /// whatever its lag reads — in the large chaos run a broken group coordinator left every
     /// group like this while the lags read 0.
@@ -42,22 +52,32 @@ enum StageLag {
     Lag(i64),
 }
 
-/// Every stage's lag from its admin API.
-async fn stage_lags(ports: Ports) -> Vec<(&'static str, StageLag)> {
-    let mut lags = Vec::new();
-    for stage in &STAGES {
-        let lag = match admin_status(ports, stage).await {
-            None => StageLag::Restarting,
-            Some(status)
-                if stage.name != "ingest" && status.partitions.is_empty() && status.leases.is_empty() =>
-            {
-                StageLag::OwnsNothing
-            }
-            Some(status) => StageLag::Lag(status.partitions.iter().map(|p| p.lag.max(0)).sum()),
-        };
-        lags.push((stage.name, lag));
-    }
-    lags
+/// Every stage's lag from its admin API, asked of all stages at once; `running_for` says how long
+/// each stage's current process has been running (a silent stage is restarting only if recent).
+async fn stage_lags(ports: Ports, running_for: impl Fn(&str) -> Duration) -> Vec<(&'static str, StageLag)> {
+    let answers = futures::future::join_all(
+        STAGES
+            .iter()
+            .map(|stage| admin_status(ports, stage, STATUS_TIMEOUT)),
+    )
+    .await;
+    STAGES
+        .iter()
+        .zip(answers)
+        .map(|(stage, answer)| {
+            let lag = match answer {
+                None if running_for(stage.name) < RESTART_GRACE => StageLag::Restarting,
+                None => StageLag::NotAnswering,
+                Some(status)
+                    if stage.name != "ingest" && status.partitions.is_empty() && status.leases.is_empty() =>
+                {
+                    StageLag::OwnsNothing
+                }
+                Some(status) => StageLag::Lag(status.partitions.iter().map(|p| p.lag.max(0)).sum()),
+            };
+            (stage.name, lag)
+        })
+        .collect()
 }
 
 /// Waits until every stage is ready and every consumer owns its partitions (changefeed-sync: its
@@ -67,7 +87,7 @@ pub(super) async fn wait_assigned(ports: Ports, timeout: Duration) -> Vec<&'stat
     loop {
         let mut waiting = Vec::new();
         for stage in &STAGES {
-            let settled = admin_status(ports, stage).await.map(|status| {
+            let settled = admin_status(ports, stage, STATUS_TIMEOUT).await.map(|status| {
                 status.ready
                     && (stage.name == "ingest" || !status.partitions.is_empty() || !status.leases.is_empty())
             });
@@ -89,9 +109,32 @@ fn status_line(lags: &[(&'static str, StageLag)], kills: u32, crashes: u32) -> S
             StageLag::Lag(lag) => format!("{name} lag {lag}"),
             StageLag::OwnsNothing => format!("{name} OWNS NO PARTITION"),
             StageLag::Restarting => format!("{name} (restarting)"),
+            StageLag::NotAnswering => format!("{name} (not answering)"),
         })
         .collect();
     format!("{} · kills {kills} · crashes {crashes}", parts.join(" · "))
+}
+
+/// The status line once: every stage asked, the kill and crash counts added.
+async fn current_line(up: &Up) -> (String, u32, u32) {
+    let running_for = up.platform.with(|platform| {
+        platform
+            .stages
+            .iter()
+            .map(|stage| (stage.name.clone(), stage.started.elapsed()))
+            .collect::<Vec<_>>()
+    });
+    let lags = stage_lags(up.ports, |name| {
+        running_for
+            .iter()
+            .find(|(stage, _)| stage == name)
+            .map_or(Duration::ZERO, |(_, running)| *running)
+    })
+    .await;
+    let (kills, crashes) = up
+        .platform
+        .with(|platform| (platform.kills().values().sum::<u32>(), platform.crashes()));
+    (status_line(&lags, kills, crashes), kills, crashes)
 }
 
 /// Asks every stage for its lag once a second until the run is over.
@@ -99,11 +142,7 @@ pub(super) fn spawn(up: Up, status: ProgressBar, bar: ProgressBar) -> tokio::tas
     tokio::spawn(async move {
         let mut last_report = Instant::now();
         while !up.finished() {
-            let lags = stage_lags(up.ports).await;
-            let (kills, crashes) = up
-                .platform
-                .with(|platform| (platform.kills().values().sum::<u32>(), platform.crashes()));
-            let line = status_line(&lags, kills, crashes);
+            let (line, kills, crashes) = current_line(&up).await;
             // Without a terminal (logs, CI) the bars are hidden: a line every 10 s instead.
             if up.multi.is_hidden() && last_report.elapsed() >= Duration::from_secs(10) {
                 last_report = Instant::now();
@@ -115,6 +154,18 @@ pub(super) fn spawn(up: Up, status: ProgressBar, bar: ProgressBar) -> tokio::tas
             }
             status.set_message(line.clone());
             status.tick();
+            up.meta.write().await.status = json!({ "line": line, "kills": kills, "crashes": crashes });
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    })
+}
+
+/// After the run: keeps the board's status line current (the terminal shows the summary) for as
+/// long as the platform runs.
+pub(super) fn spawn_for_the_board(up: Up) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        while !up.platform.with(|platform| platform.stopping) {
+            let (line, kills, crashes) = current_line(&up).await;
             up.meta.write().await.status = json!({ "line": line, "kills": kills, "crashes": crashes });
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
@@ -138,6 +189,30 @@ mod tests {
         assert_eq!(
             line,
             "ingest lag 0 · dedup-state (restarting) · kills 3 · crashes 1"
+        );
+    }
+
+    #[test]
+    fn a_silent_stage_is_restarting_only_right_after_its_start() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        // Nothing listens on 56090-56194 (the ephemeral range, where only outgoing connections
+        // take ports; the tests' platforms stay below 32,000): every stage is refused at once.
+        let ports = Ports { offset: 47_000 };
+        let lags = runtime.block_on(stage_lags(ports, |name| {
+            if name == "dedup-state" {
+                Duration::from_secs(3)
+            } else {
+                Duration::from_secs(600)
+            }
+        }));
+        assert_eq!(lags[1], ("dedup-state", StageLag::Restarting));
+        assert_eq!(lags[0], ("ingest", StageLag::NotAnswering));
+        assert_eq!(
+            status_line(&lags[..2], 1, 0),
+            "ingest (not answering) · dedup-state (restarting) · kills 1 · crashes 0"
         );
     }
 

@@ -223,11 +223,12 @@ pub(super) fn cosmos_config(ports: Ports, create: bool) -> contrail_cosmos::Cosm
     crate::platform::cosmos_config(&ports.cosmos_endpoint(), None, create)
 }
 
-/// Restarts a stage that exited on its own (as Kubernetes would), every half second until the
-/// run is over; stops when the broker or the Cosmos endpoint exits (nothing can go on then).
+/// Restarts a stage that exited on its own (as Kubernetes would), every half second for as long
+/// as the platform runs — also after the summary, while the board stays up — until `shutdown`;
+/// stops when the broker or the Cosmos endpoint exits (nothing can go on then).
 pub(super) fn spawn(up: Up) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
-        while !up.finished() {
+        loop {
             tokio::time::sleep(Duration::from_millis(500)).await;
             let lines = up.platform.with(|platform| {
                 let mut lines = Vec::new();
