@@ -45,10 +45,21 @@ enum Command {
     Flights(flights::FlightsArgs),
     /// Serve the live flight board over a running platform's stores.
     Board(board::BoardArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell) to standard output,
+    /// e.g. `contrail completions bash > ~/.local/share/bash-completion/completions/contrail`.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Command::Completions { shell } = cli.command {
+        let mut command = <Cli as clap::CommandFactory>::command();
+        clap_complete::generate(shell, &mut command, "contrail", &mut std::io::stdout());
+        return ExitCode::SUCCESS;
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(error) => {
@@ -63,6 +74,7 @@ fn main() -> ExitCode {
             Command::Admin(args) => admin::run(args).await,
             Command::Flights(args) => flights::run(args).await,
             Command::Board(args) => board::run(args).await,
+            Command::Completions { .. } => Ok(()),
         }
     });
     match result {
@@ -71,5 +83,43 @@ fn main() -> ExitCode {
             eprintln!("contrail: {error:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The bash script names every subcommand and option, and bash accepts its syntax.
+    #[test]
+    fn the_bash_completion_script_is_valid_bash_and_knows_the_commands() {
+        let mut command = <Cli as clap::CommandFactory>::command();
+        let mut script = Vec::new();
+        clap_complete::generate(clap_complete::Shell::Bash, &mut command, "contrail", &mut script);
+        let script = String::from_utf8(script).expect("UTF-8");
+        for word in [
+            "up",
+            "replay",
+            "admin",
+            "flights",
+            "board",
+            "completions",
+            "--chaos",
+            "--port-offset",
+        ] {
+            assert!(script.contains(word), "{word} is completed");
+        }
+        let file = tempfile::NamedTempFile::new().expect("temp file");
+        std::fs::write(file.path(), &script).expect("write");
+        let checked = std::process::Command::new("bash")
+            .arg("-n")
+            .arg(file.path())
+            .output()
+            .expect("bash runs");
+        assert!(
+            checked.status.success(),
+            "bash -n: {}",
+            String::from_utf8_lossy(&checked.stderr)
+        );
     }
 }
