@@ -109,5 +109,10 @@ if ! [ -x "$CONTRAIL_TOOLS_DIR/azurite/node_modules/.bin/azurite-blob" ]; then
 fi
 export CONTRAIL_AZURITE_BLOB="$CONTRAIL_TOOLS_DIR/azurite/node_modules/.bin/azurite-blob"
 
+# `--version` of every binary names the commit it was built from (read at build time; a new
+# commit relinks the binaries and rebuilds no library).
+CONTRAIL_GIT_COMMIT="$(git describe --always --dirty --abbrev=12 --match=NO-TAGS 2>/dev/null || echo unknown)"
+export CONTRAIL_GIT_COMMIT
+
 # Builds go to a persistent directory outside the clone so a fresh clone does not rebuild the world.
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/contrail-target}"

@@ -199,3 +199,40 @@ fn the_checks_catch_an_unknown_setting_and_a_value_the_chart_does_not_define() {
     let error = print_config("ingest", &report.env["ingest"]).expect_err("an unknown key");
     assert!(error.contains("partitons"), "the error names the key: {error}");
 }
+
+/// Every shipped binary (and the dev Cosmos endpoint) answers `--version` with its name, the
+/// package version and the commit it was built from — or says the build did not record one.
+#[test]
+fn every_binary_names_its_version_and_commit() {
+    let recorded = std::env::var("CONTRAIL_GIT_COMMIT")
+        .ok()
+        .filter(|commit| !commit.is_empty() && commit != "unknown");
+    for binary in [
+        "contrail",
+        "ingest",
+        "dedup-state",
+        "cosmos-writer",
+        "changefeed-sync",
+        "delta-archiver",
+        "cosmos-dev",
+    ] {
+        let output = std::process::Command::new(workspace_binary(binary).expect(binary))
+            .arg("--version")
+            .output()
+            .expect("runs");
+        assert!(output.status.success(), "{binary} --version");
+        let text = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+        let prefix = format!("{binary} {} (commit ", env!("CARGO_PKG_VERSION"));
+        assert!(
+            text.starts_with(&prefix) && text.ends_with(')'),
+            "{binary}: {text}"
+        );
+        // Built by the scripts (CI): the commit is the one the tests run with.
+        if let Some(commit) = &recorded {
+            assert!(
+                text.contains(commit.as_str()),
+                "{binary}: {text}, built from {commit}"
+            );
+        }
+    }
+}

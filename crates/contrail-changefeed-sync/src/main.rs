@@ -16,7 +16,7 @@ use contrail_changefeed_sync::ChangefeedSyncConfig;
 /// variables (CONTRAIL_COSMOS__ENDPOINT, CONTRAIL_COSMOS__KEY, CONTRAIL_KAFKA__BROKERS). Unknown keys
 /// are errors.
 #[derive(Parser)]
-#[command(name = "changefeed-sync", version)]
+#[command(name = "changefeed-sync", version = contrail_common::version_text!())]
 struct Cli {
     #[command(flatten)]
     stage: contrail_common::stage::StageArgs,

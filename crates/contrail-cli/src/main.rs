@@ -24,7 +24,7 @@ mod up;
 /// and serves a live flight board. `contrail admin` operates the stages, `contrail flights` reads
 /// the serving store, `contrail replay` feeds a running ingest.
 #[derive(Parser)]
-#[command(name = "contrail", version, propagate_version = true)]
+#[command(name = "contrail", version = contrail_common::version_text!(), propagate_version = true)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

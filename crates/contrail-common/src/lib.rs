@@ -9,6 +9,7 @@
 
 pub mod admin;
 pub mod auth;
+pub mod build_info;
 pub mod config;
 pub mod dead_letter;
 pub mod error;

@@ -14,7 +14,7 @@ use clap::Parser;
 /// POST /_dev/split?db=DB&coll=COLL&partition=N (splits a physical partition in two and answers
 /// when done, to exercise feed-range splits).
 #[derive(Parser)]
-#[command(name = "cosmos-dev", version)]
+#[command(name = "cosmos-dev", version = version_text())]
 struct Cli {
     #[command(flatten)]
     options: contrail_cosmos_dev::Options,
@@ -37,4 +37,17 @@ async fn main() -> std::process::ExitCode {
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// `--version` as the stages print it (`contrail_common::build_info`), without depending on the
+/// stages' crates: the package version and the commit from `CONTRAIL_GIT_COMMIT` at build time.
+fn version_text() -> &'static str {
+    let version = env!("CARGO_PKG_VERSION");
+    let text = match option_env!("CONTRAIL_GIT_COMMIT")
+        .filter(|commit| !commit.is_empty() && *commit != "unknown")
+    {
+        Some(commit) => format!("{version} (commit {commit})"),
+        None => format!("{version} (commit not recorded: built without CONTRAIL_GIT_COMMIT)"),
+    };
+    Box::leak(text.into_boxed_str())
 }

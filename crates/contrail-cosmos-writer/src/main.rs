@@ -18,7 +18,7 @@ use contrail_cosmos_writer::CosmosWriterConfig;
 /// variables (CONTRAIL_COSMOS__ENDPOINT=https://ACCOUNT.documents.azure.com:443/,
 /// CONTRAIL_COSMOS__KEY=…, CONTRAIL_KAFKA__BROKERS=host:9092). Unknown keys are errors.
 #[derive(Parser)]
-#[command(name = "cosmos-writer", version)]
+#[command(name = "cosmos-writer", version = contrail_common::version_text!())]
 struct Cli {
     #[command(flatten)]
     stage: contrail_common::stage::StageArgs,

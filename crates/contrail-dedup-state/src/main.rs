@@ -20,7 +20,7 @@ use contrail_dedup_state::DedupStateConfig;
 /// variables (CONTRAIL_STATE_DIR=/data/shards sets state_dir, CONTRAIL_KAFKA__BROKERS=host:9092 sets
 /// kafka.brokers). Unknown keys are errors.
 #[derive(Parser)]
-#[command(name = "dedup-state", version)]
+#[command(name = "dedup-state", version = contrail_common::version_text!())]
 struct Cli {
     #[command(flatten)]
     stage: contrail_common::stage::StageArgs,

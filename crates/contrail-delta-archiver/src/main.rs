@@ -17,7 +17,7 @@ use contrail_delta_archiver::DeltaArchiverConfig;
 /// variables (CONTRAIL_DELTA_ROOT=abfss://history@ACCOUNT.dfs.core.windows.net/contrail,
 /// CONTRAIL_KAFKA__BROKERS=host:9092, CONTRAIL_BATCH__MAX_ROWS=100000). Unknown keys are errors.
 #[derive(Parser)]
-#[command(name = "delta-archiver", version)]
+#[command(name = "delta-archiver", version = contrail_common::version_text!())]
 struct Cli {
     #[command(flatten)]
     stage: contrail_common::stage::StageArgs,

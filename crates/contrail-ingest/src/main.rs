@@ -15,7 +15,7 @@ use contrail_ingest::IngestConfig;
 /// Configuration: built-in defaults < the TOML file given with --config < CONTRAIL_* environment
 /// variables (CONTRAIL_KAFKA__BROKERS=host:9092 sets kafka.brokers). Unknown keys are errors.
 #[derive(Parser)]
-#[command(name = "ingest", version)]
+#[command(name = "ingest", version = contrail_common::version_text!())]
 struct Cli {
     #[command(flatten)]
     stage: contrail_common::stage::StageArgs,
