@@ -19,9 +19,10 @@ use crate::CommonError;
 pub const ENV_PREFIX: &str = "CONTRAIL_";
 
 /// `CONTRAIL_*` variables that are read by tools, not stage config keys: the config file's name,
-/// `contrail replay`'s target and token, the flight data folder, the test broker binary. Every
-/// other `CONTRAIL_*` variable must be a key of the stage's config.
-pub const TOOL_VARIABLES: [&str; 11] = [
+/// `contrail replay`'s target and token, the flight data folder, the test broker binary, the
+/// commit a build records for `--version` (`scripts/setup.sh` exports it). Every other
+/// `CONTRAIL_*` variable must be a key of the stage's config.
+pub const TOOL_VARIABLES: [&str; 12] = [
     "config_file",
     "ingest_url",
     "ingest_token",
@@ -33,6 +34,7 @@ pub const TOOL_VARIABLES: [&str; 11] = [
     "admin_addr",
     "admin_token",
     "board_listen",
+    "git_commit",
 ];
 
 /// Loads a stage's config: its `Default`, then the TOML file if given, then `CONTRAIL_…` variables.
@@ -289,6 +291,7 @@ mod tests {
             // scripts/setup.sh exports these for the tests' tools.
             jail.set_env("CONTRAIL_TOOLS_DIR", "/var/tmp/contrail-tools");
             jail.set_env("CONTRAIL_AZURITE_BLOB", "/bin/true");
+            jail.set_env("CONTRAIL_GIT_COMMIT", "806bbe2");
             jail.set_env("CONTRAIL_NAME", "from-env");
             let config: Sample = load(None).map_err(|error| error.to_string())?;
             assert_eq!(config.name, "from-env");
