@@ -104,6 +104,9 @@ fn kill_9_at_random_moments_loses_nothing_and_doubles_nothing() {
         extra_env: vec![
             ("CONTRAIL_CHECKPOINT__INTERVAL_MS".into(), "700".into()),
             ("CONTRAIL_GROUP__STATIC_MEMBERSHIP".into(), "true".into()),
+            // Batches of the four shards on three threads (more than this machine's cores):
+            // checkpoints, kills and restarts while several batches commit at once.
+            ("CONTRAIL_BATCH__THREADS".into(), "3".into()),
         ],
         ..DedupOptions::single(&broker.address, &topics, &group, &dir)
     })
@@ -257,7 +260,11 @@ fn lost_shard_directory_restores(dir: &Path, extra_env: Vec<(String, String)>) {
     let events = replay_events((3, 1), (3, 3), realistic_feed(11));
     let (half, total) = half_and_half(&events);
     let group = unique("g");
-    let mut env = vec![("CONTRAIL_CHECKPOINT__INTERVAL_MS".to_owned(), "0".to_owned())];
+    let mut env = vec![
+        ("CONTRAIL_CHECKPOINT__INTERVAL_MS".to_owned(), "0".to_owned()),
+        // Every batch on the polling thread (the other tests run a thread per CPU or more).
+        ("CONTRAIL_BATCH__THREADS".to_owned(), "1".to_owned()),
+    ];
     env.extend(extra_env);
     let mut stage = start_dedup_state(DedupOptions {
         extra_env: env,

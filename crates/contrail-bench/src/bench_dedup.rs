@@ -55,6 +55,10 @@ struct Args {
     /// settings); the stage runs on the benchmark's settings otherwise.
     #[arg(long)]
     stage_config: Option<std::path::PathBuf>,
+    /// Threads running the stage's batches (`batch.threads`; default: the stage's own, one per
+    /// CPU).
+    #[arg(long)]
+    threads: Option<usize>,
 }
 
 /// What the pass-through baseline measured.
@@ -216,6 +220,10 @@ fn main() -> Result<()> {
                 .iter()
                 .map(|file| ("CONTRAIL_CONFIG_FILE".to_owned(), file.display().to_string())),
         )
+        .chain(
+            args.threads
+                .map(|threads| ("CONTRAIL_BATCH__THREADS".to_owned(), threads.to_string())),
+        )
         .collect(),
     })?;
     // Saturation: from the first processed record to caught up (group join excluded).
@@ -235,6 +243,16 @@ fn main() -> Result<()> {
     );
     let records = status.counters.get("records_total").copied().unwrap_or(0.0);
     let state_mib = status.partitions.iter().map(|p| p.state_bytes).sum::<u64>() as f64 / 1_048_576.0;
+    println!(
+        "batch threads of dedup-state: {}",
+        args.threads.map_or_else(
+            || format!(
+                "its default, one per CPU ({})",
+                std::thread::available_parallelism().map_or(1, usize::from)
+            ),
+            |threads| threads.to_string()
+        )
+    );
     println!(
         "dedup-state, saturated, from empty state:         {:>10.0} events/s = {:.0} % of the pass-through, {:.0} % of the plain consumer  ({records:.0} records in {elapsed:.1} s; accepted {:.0}, duplicates {:.0}, late {:.0})",
         records / elapsed,

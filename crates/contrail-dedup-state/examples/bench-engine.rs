@@ -66,12 +66,58 @@ struct Args {
     /// RocksDB shards (the stage's input partitions).
     #[arg(long, default_value_t = 4)]
     shards: usize,
-    /// Records per shard and micro-batch (the stage's default batch is 2,000 over all shards).
+    /// Records per shard and micro-batch (the stage's default is 2,000).
     #[arg(long, default_value_t = 500)]
     batch: usize,
     /// Share of duplicate deliveries.
     #[arg(long, default_value_t = 0.10)]
     duplicates: f64,
+    /// Threads of the last phase, which runs the shards' batches on that many threads at once (as
+    /// dedup-state's `batch.threads` does), on fresh shards: its events/s next to the one-thread
+    /// phase, and the same outputs per shard.
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+}
+
+/// The engine's view of `inputs`.
+fn input_records(inputs: &[Input]) -> Vec<InputRecord<'_>> {
+    inputs
+        .iter()
+        .map(|input| InputRecord {
+            key: &input.key,
+            payload: &input.payload,
+            offset: input.offset,
+        })
+        .collect()
+}
+
+/// Runs every batch of `shard` (fresh, under `dir`) in order; returns the digest of its outputs
+/// and their number.
+fn run_shard(dir: &std::path::Path, shard: usize, inputs: &[Input], batch: usize) -> (u64, usize) {
+    let rules = Rules::default();
+    let engine = EngineConfig {
+        allowed_lateness_us: rules.allowed_lateness_us,
+    };
+    let mut state =
+        Shard::open(&dir.join(format!("threaded-shard-{shard}")), shard as i32).expect("open shard");
+    let mut processor = FlightProcessor::new(rules, TopicsConfig::default(), shard as i32, None, 1_000_000);
+    let mut digest = 0xcbf2_9ce4_8422_2325_u64;
+    let mut outputs = 0;
+    for chunk in inputs.chunks(batch) {
+        let records = input_records(chunk);
+        let result = state
+            .process_batch(&records, &mut processor, &engine, 0)
+            .expect("process batch");
+        let sequences: Vec<u64> = result.outputs.iter().map(|(sequence, _)| *sequence).collect();
+        for (_, output) in &result.outputs {
+            fnv1a(&mut digest, output.topic.as_bytes());
+            fnv1a(&mut digest, &output.key);
+            fnv1a(&mut digest, &output.payload);
+        }
+        outputs += result.outputs.len();
+        state.acknowledge(&sequences).expect("acknowledge");
+    }
+    (digest, outputs)
 }
 
 /// CPU time of the calling thread, ns.
@@ -251,17 +297,11 @@ fn main() {
         .map(|shard| FlightProcessor::new(rules, TopicsConfig::default(), shard as i32, None, 1_000_000))
         .collect();
     let mut digest = 0xcbf2_9ce4_8422_2325_u64;
+    let mut shard_digests = vec![0xcbf2_9ce4_8422_2325_u64; args.shards];
     let mut by_topic: std::collections::BTreeMap<String, usize> = Default::default();
     let measured = measure(|| {
         for (shard, range) in &order {
-            let records: Vec<InputRecord<'_>> = inputs[*shard][range.clone()]
-                .iter()
-                .map(|input| InputRecord {
-                    key: &input.key,
-                    payload: &input.payload,
-                    offset: input.offset,
-                })
-                .collect();
+            let records = input_records(&inputs[*shard][range.clone()]);
             let result = shards[*shard]
                 .process_batch(&records, &mut processors[*shard], &engine, 0)
                 .expect("process batch");
@@ -270,6 +310,10 @@ fn main() {
                 fnv1a(&mut digest, output.topic.as_bytes());
                 fnv1a(&mut digest, &output.key);
                 fnv1a(&mut digest, &output.payload);
+                let own = &mut shard_digests[*shard];
+                fnv1a(own, output.topic.as_bytes());
+                fnv1a(own, &output.key);
+                fnv1a(own, &output.payload);
                 *by_topic.entry(output.topic.clone()).or_default() += 1;
                 sequences.push(*sequence);
             }
@@ -278,6 +322,32 @@ fn main() {
     });
     let state_mib = shards.iter().map(Shard::approximate_size_bytes).sum::<u64>() as f64 / 1_048_576.0;
     drop(shards);
+
+    // The same shards on `threads` threads at once (shard i on thread i mod threads).
+    let threads = args.threads.clamp(1, args.shards.max(1));
+    let mut threaded: Vec<(u64, usize)> = vec![(0, 0); args.shards];
+    let started = Instant::now();
+    let process_before = process_cpu_ns();
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..threads)
+            .map(|thread| {
+                let (dir, inputs) = (&dir, &inputs);
+                scope.spawn(move || {
+                    (thread..inputs.len())
+                        .step_by(threads)
+                        .map(|shard| (shard, run_shard(dir, shard, &inputs[shard], args.batch)))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        for handle in handles {
+            for (shard, result) in handle.join().expect("processing thread") {
+                threaded[shard] = result;
+            }
+        }
+    });
+    let threaded_seconds = started.elapsed().as_secs_f64();
+    let threaded_cpu_ns = process_cpu_ns() - process_before;
     let _ = std::fs::remove_dir_all(&dir);
 
     report(
@@ -294,5 +364,21 @@ fn main() {
     println!(
         "state (RocksDB SST + memtables): {state_mib:.1} MiB; peak RSS {:.0} MiB",
         peak_rss_mib()
+    );
+    let same = threaded.iter().map(|(digest, _)| *digest).collect::<Vec<_>>() == shard_digests;
+    println!(
+        "engine on {threads} threads (shards split over them): {:>9.0} events/s = {:.2}× the one-thread phase  {:>6.2} µs CPU/event (process); outputs per shard {}",
+        events as f64 / threaded_seconds,
+        measured.seconds / threaded_seconds,
+        threaded_cpu_ns as f64 / 1_000.0 / events as f64,
+        if same {
+            "identical to the one-thread phase"
+        } else {
+            "DIFFERENT from the one-thread phase"
+        },
+    );
+    assert!(
+        same,
+        "the threaded phase's outputs differ from the one-thread phase's"
     );
 }

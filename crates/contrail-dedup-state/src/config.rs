@@ -178,8 +178,13 @@ impl RulesConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct BatchConfig {
-    /// Records per micro-batch (over all shards).
+    /// Records per micro-batch of one shard.
     pub max_records: usize,
+    /// Threads running batches: batches of different shards (input partitions) run at once, one
+    /// batch per shard at a time. `0`: one per CPU available to the process (its cgroup limit
+    /// included); `1`: the polling thread runs every batch itself. More threads than owned shards
+    /// stay idle.
+    pub threads: usize,
     /// How long an empty batch waits for a first record before the loop goes round (timers,
     /// checkpoints, pauses are served between batches).
     pub max_wait_ms: u64,
@@ -191,8 +196,19 @@ impl Default for BatchConfig {
     fn default() -> Self {
         BatchConfig {
             max_records: 2_000,
+            threads: 0,
             max_wait_ms: 50,
             max_unacknowledged: 50_000,
+        }
+    }
+}
+
+impl BatchConfig {
+    /// The processing threads to run ([`BatchConfig::threads`] with `0` resolved).
+    pub fn processing_threads(&self) -> usize {
+        match self.threads {
+            0 => std::thread::available_parallelism().map_or(1, usize::from),
+            threads => threads,
         }
     }
 }

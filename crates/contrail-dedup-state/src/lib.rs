@@ -220,6 +220,7 @@ pub async fn run(config: DedupStateConfig, shutdown: Shutdown) -> Result<(), Ded
         max_wait: Duration::from_millis(config.batch.max_wait_ms),
         max_unacknowledged: config.batch.max_unacknowledged,
         lateness_us: config.rules.rules().allowed_lateness_us,
+        threads: config.batch.processing_threads(),
     };
     let (done_sender, done) = tokio::sync::oneshot::channel();
     let thread_stop = stop.clone();
@@ -241,7 +242,12 @@ pub async fn run(config: DedupStateConfig, shutdown: Shutdown) -> Result<(), Ded
         })
         .map_err(|error| DedupStateError::Worker(format!("cannot start: {error}")))?;
     health.set_ready(true);
-    tracing::info!(instance = %config.instance, state_dir = %config.state_dir.display(), "dedup-state running");
+    tracing::info!(
+        instance = %config.instance,
+        state_dir = %config.state_dir.display(),
+        processing_threads = config.batch.processing_threads(),
+        "dedup-state running"
+    );
 
     let mut done = done;
     let finished_first = tokio::select! {

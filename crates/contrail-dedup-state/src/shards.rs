@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, Sender};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use contrail_state::checkpoints::CheckpointStore;
@@ -131,14 +131,23 @@ pub struct ShardStatus {
     pub origin: String,
 }
 
+/// Where an owned shard's RocksDB instance lives: empty once the shard is closed.
+type Slot = Arc<Mutex<Option<Shard>>>;
+
+/// One owned shard. Its RocksDB instance is behind its own lock, so batches of different shards
+/// commit on different threads at once; the slot is emptied when the shard is closed.
 struct OwnedShard {
-    shard: Shard,
+    slot: Slot,
     origin: String,
     generation: u64,
 }
 
+/// Lock order: a shard's slot, then `Inner` — never a slot while `Inner` is held.
 struct Inner {
     shards: BTreeMap<i32, OwnedShard>,
+    /// Acknowledged outputs not yet deleted from their shard's outbox (its slot was busy with a
+    /// batch): per partition, the shard's generation and the sequences.
+    acknowledged: HashMap<i32, (u64, Vec<u64>)>,
     /// Outputs to (re-)produce before anything new: (partition, sequence, record).
     resend: VecDeque<(i32, u64, OutboxRecord)>,
     /// Outputs handed to the producer whose delivery report has not come back. With `resend`,
@@ -194,6 +203,7 @@ impl ShardSet {
         Ok(ShardSet {
             inner: Mutex::new(Inner {
                 shards: BTreeMap::new(),
+                acknowledged: HashMap::new(),
                 resend: VecDeque::new(),
                 in_flight: InFlight::default(),
             }),
@@ -212,6 +222,34 @@ impl ShardSet {
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The slots of the owned shards among `partitions` (all owned ones for `None`), in partition
+    /// order, with their generations.
+    fn slots(&self, partitions: Option<&[i32]>) -> Vec<(i32, u64, Slot)> {
+        let inner = self.lock();
+        inner
+            .shards
+            .iter()
+            .filter(|(partition, _)| partitions.is_none_or(|wanted| wanted.contains(partition)))
+            .map(|(partition, owned)| (*partition, owned.generation, owned.slot.clone()))
+            .collect()
+    }
+
+    /// Deletes the acknowledged outputs queued for `partition` from `shard` (of `generation`),
+    /// whose slot the caller holds.
+    fn acknowledge_queued(&self, partition: i32, generation: u64, shard: &Shard) {
+        let queued = self.lock().acknowledged.remove(&partition);
+        match queued {
+            Some((of, sequences)) if of == generation => {
+                if let Err(error) = shard.acknowledge(&sequences) {
+                    self.fail(error.to_string());
+                }
+            }
+            // Reports of an earlier open: its outputs are re-sent from the outbox by this one.
+            Some(_) => {}
+            None => {}
+        }
     }
 
     pub(crate) fn fail(&self, message: String) {
@@ -297,10 +335,11 @@ impl ShardSet {
             .with_label_values(&[&partition.to_string()])
             .set(next_offset.unwrap_or(-1));
         let generation = self.opens.fetch_add(1, Ordering::Relaxed);
+        inner.acknowledged.remove(&partition);
         inner.shards.insert(
             partition,
             OwnedShard {
-                shard,
+                slot: Arc::new(Mutex::new(Some(shard))),
                 origin,
                 generation,
             },
@@ -309,8 +348,19 @@ impl ShardSet {
         Ok(next_offset.map_or(Offset::Beginning, Offset::Offset))
     }
 
-    /// Flushes outputs, applies acknowledgements, and closes the shards of `partitions`.
+    /// Waits for the batches of `partitions` in progress, flushes outputs, applies
+    /// acknowledgements, and closes the shards.
     pub(crate) fn close(&self, partitions: &[i32]) {
+        // Emptying a slot waits for its batch (commit and sends) and keeps any later one out.
+        let closing: Vec<(i32, u64, Shard)> = self
+            .slots(Some(partitions))
+            .into_iter()
+            .filter_map(|(partition, generation, slot)| {
+                lock_slot(&slot)
+                    .take()
+                    .map(|shard| (partition, generation, shard))
+            })
+            .collect();
         if let Err(error) = self.produce_resends() {
             tracing::warn!(%error, "re-sending before closing shards; the outputs stay in the outbox");
         }
@@ -318,15 +368,22 @@ impl ShardSet {
             tracing::warn!(%error, "flush before closing shards; unacknowledged outputs stay in the outbox");
         }
         self.apply_deliveries();
+        for (partition, generation, shard) in &closing {
+            self.acknowledge_queued(*partition, *generation, shard);
+        }
         let mut inner = self.lock();
         for partition in partitions {
             if inner.shards.remove(partition).is_some() {
                 tracing::info!(partition, "shard closed");
             }
+            inner.acknowledged.remove(partition);
             inner.resend.retain(|(owner, _, _)| owner != partition);
             inner.in_flight.closed(*partition);
         }
         self.metrics.outbox_pending.set(inner.unacknowledged() as i64);
+        drop(inner);
+        // The RocksDB instances close here (waiting for checkpoints still being taken of them).
+        drop(closing);
     }
 
     /// Closes every shard (shutdown).
@@ -335,8 +392,9 @@ impl ShardSet {
         self.close(&partitions);
     }
 
-    /// Applies delivery reports: acknowledged outputs leave the outbox. A failed one fails the
-    /// shard set: outputs are produced with no delivery timeout, so a failure is permanent, and
+    /// Applies delivery reports: acknowledged outputs leave the outbox (at once when their
+    /// shard is idle, else by the thread running its batch, before the batch). A failed one fails
+    /// the shard set: outputs are produced with no delivery timeout, so a failure is permanent, and
     /// re-sending it behind newer outputs would break the order downstream de-duplication relies
     /// on (DESIGN §4). The restart re-sends the outbox, in order, before anything new.
     pub fn apply_deliveries(&self) {
@@ -347,35 +405,51 @@ impl ShardSet {
         if reports.is_empty() {
             return;
         }
-        let mut acknowledged: HashMap<i32, Vec<u64>> = HashMap::new();
-        let mut inner = self.lock();
-        for report in reports {
-            inner.in_flight.reported(report.partition, report.generation);
-            let owned = inner
-                .shards
-                .get(&report.partition)
-                .is_some_and(|owned| owned.generation == report.generation);
-            match report.error {
-                None if owned => acknowledged
-                    .entry(report.partition)
-                    .or_default()
-                    .push(report.sequence),
-                // A report for a shard closed since: the output stays in that shard's outbox.
-                None => {}
-                Some(error) => self.fail(format!(
-                    "output {} of partition {} was not acknowledged by the broker: {error}",
-                    report.sequence, report.partition
-                )),
+        let mut touched: Vec<(i32, u64, Slot)> = Vec::new();
+        {
+            let mut inner = self.lock();
+            for report in reports {
+                inner.in_flight.reported(report.partition, report.generation);
+                let owned = inner
+                    .shards
+                    .get(&report.partition)
+                    .filter(|owned| owned.generation == report.generation)
+                    .map(|owned| owned.slot.clone());
+                match (report.error, owned) {
+                    (None, Some(slot)) => {
+                        let queued = inner
+                            .acknowledged
+                            .entry(report.partition)
+                            .or_insert_with(|| (report.generation, Vec::new()));
+                        if queued.0 != report.generation {
+                            *queued = (report.generation, Vec::new());
+                        }
+                        queued.1.push(report.sequence);
+                        if !touched
+                            .iter()
+                            .any(|(partition, _, _)| *partition == report.partition)
+                        {
+                            touched.push((report.partition, report.generation, slot));
+                        }
+                    }
+                    // A report for a shard closed since: the output stays in that shard's outbox.
+                    (None, None) => {}
+                    (Some(error), _) => self.fail(format!(
+                        "output {} of partition {} was not acknowledged by the broker: {error}",
+                        report.sequence, report.partition
+                    )),
+                }
             }
+            self.metrics.outbox_pending.set(inner.unacknowledged() as i64);
         }
-        for (partition, sequences) in acknowledged {
-            if let Some(owned) = inner.shards.get(&partition)
-                && let Err(error) = owned.shard.acknowledge(&sequences)
+        for (partition, generation, slot) in touched {
+            // A shard in a batch takes its acknowledgements before its next batch.
+            if let Ok(guard) = slot.try_lock()
+                && let Some(shard) = guard.as_ref()
             {
-                self.fail(error.to_string());
+                self.acknowledge_queued(partition, generation, shard);
             }
         }
-        self.metrics.outbox_pending.set(inner.unacknowledged() as i64);
     }
 
     /// Hands one output to the producer (waiting while its queue is full) and counts it in
@@ -428,10 +502,12 @@ impl ShardSet {
         self.lock().unacknowledged()
     }
 
-    /// Processes one partition's records (in offset order) as one batch and produces the outputs
-    /// — after any queued re-sends, so each output topic receives a partition's outputs in the
-    /// order of their input offsets. A batch that does not start at the shard's stored offset is
-    /// not processed: [`Processed::Gap`] (the caller repositions the consumer).
+    /// Processes one partition's records (in offset order) as one batch and produces the outputs.
+    /// Callers produce the queued re-sends first ([`ShardSet::produce_resends`]) and run one batch
+    /// of a partition at a time, so each output topic receives a partition's outputs in the order
+    /// of their input offsets; batches of different partitions may run on different threads. A
+    /// batch that does not start at the shard's stored offset is not processed:
+    /// [`Processed::Gap`] (the caller repositions the consumer).
     pub(crate) fn process(
         &self,
         partition: i32,
@@ -446,12 +522,17 @@ impl ShardSet {
                 .record_age_seconds
                 .observe(now_ms.saturating_sub(timestamp_ms).max(0) as f64 / 1000.0);
         }
-        let mut inner = self.lock();
-        let Some(owned) = inner.shards.get_mut(&partition) else {
-            // Not ours (revoked while buffered): the new owner reads them from its stored offset.
+        // Not ours (revoked while buffered, or closed meanwhile): the new owner reads them from its
+        // stored offset.
+        let Some((_, generation, slot)) = self.slots(Some(&[partition])).pop() else {
             return Ok(Processed::Done);
         };
-        let from = owned.shard.progress().next_offset.unwrap_or(i64::MIN);
+        let mut guard = lock_slot(&slot);
+        let Some(shard) = guard.as_mut() else {
+            return Ok(Processed::Done);
+        };
+        self.acknowledge_queued(partition, generation, shard);
+        let from = shard.progress().next_offset.unwrap_or(i64::MIN);
         let inputs: Vec<InputRecord<'_>> = records
             .iter()
             .filter(|record| record.offset >= from)
@@ -484,7 +565,7 @@ impl ShardSet {
             self.processing.max_message_bytes,
         );
         let now_us = chrono::Utc::now().timestamp_micros();
-        let result = owned.shard.process_batch(
+        let result = shard.process_batch(
             &inputs,
             &mut processor,
             &EngineConfig {
@@ -492,15 +573,14 @@ impl ShardSet {
             },
             now_us,
         )?;
-        let next_offset = owned.shard.progress().next_offset.unwrap_or(-1);
+        let next_offset = shard.progress().next_offset.unwrap_or(-1);
         if next_offset % 64 == 0 || result.records >= 64 {
-            let bytes = owned.shard.approximate_size_bytes();
+            let bytes = shard.approximate_size_bytes();
             self.metrics
                 .state_bytes
                 .with_label_values(&[&partition.to_string()])
                 .set(bytes as i64);
         }
-        drop(inner);
         self.metrics.records.inc_by(result.records as u64);
         self.metrics.evicted.inc_by(result.evicted as u64);
         self.metrics.commits.inc();
@@ -508,13 +588,13 @@ impl ShardSet {
             .shard_offset
             .with_label_values(&[&partition.to_string()])
             .set(next_offset);
-        // The outputs are in the outbox now. Re-sends queued by an assignment go first.
-        let produced = self.produce_resends().and_then(|()| {
-            result
-                .outputs
-                .iter()
-                .try_for_each(|(sequence, record)| self.send(partition, *sequence, record))
-        });
+        // The outputs are in the outbox now. The slot stays held until they are handed to the
+        // producer, so closing the shard waits for them.
+        let produced = result
+            .outputs
+            .iter()
+            .try_for_each(|(sequence, record)| self.send(partition, *sequence, record));
+        drop(guard);
         if let Err(error) = produced {
             // Everything not sent is in the outbox: a restart re-sends it in order.
             let message = format!("producing the outputs of partition {partition}: {error}");
@@ -531,46 +611,54 @@ impl ShardSet {
     /// checkpoint (the RocksDB checkpoints are taken by [`PendingCheckpoint::take`] elsewhere,
     /// while batches keep committing).
     pub(crate) fn checkpoint(&self, epoch: u64) -> Vec<PendingCheckpoint> {
-        // Observed when dropped.
+        // Observed when dropped: includes waiting for a batch in progress on another thread.
         let _pause = self.metrics.checkpoint_pause_seconds.start_timer();
-        let inner = self.lock();
-        inner
-            .shards
-            .iter()
-            .map(|(partition, owned)| PendingCheckpoint {
-                checkpointer: owned.shard.checkpointer(),
-                dir: self.staging_dir.join(format!("epoch-{epoch}-shard-{partition}")),
-                generation: owned.generation,
+        self.slots(None)
+            .into_iter()
+            .filter_map(|(partition, generation, slot)| {
+                lock_slot(&slot).as_ref().map(|shard| PendingCheckpoint {
+                    checkpointer: shard.checkpointer(),
+                    dir: self.staging_dir.join(format!("epoch-{epoch}-shard-{partition}")),
+                    generation,
+                })
             })
             .collect()
     }
 
     /// Status of every owned shard.
     pub fn status(&self) -> Vec<ShardStatus> {
-        let inner = self.lock();
-        inner
+        let origins: BTreeMap<i32, String> = self
+            .lock()
             .shards
             .iter()
-            .map(|(partition, owned)| {
-                let state_bytes = owned.shard.approximate_size_bytes();
+            .map(|(partition, owned)| (*partition, owned.origin.clone()))
+            .collect();
+        self.slots(None)
+            .into_iter()
+            .filter_map(|(partition, _, slot)| {
+                let guard = lock_slot(&slot);
+                let shard = guard.as_ref()?;
+                let state_bytes = shard.approximate_size_bytes();
                 self.metrics
                     .state_bytes
                     .with_label_values(&[&partition.to_string()])
                     .set(state_bytes as i64);
-                ShardStatus {
-                    partition: *partition,
-                    next_offset: owned.shard.progress().next_offset.unwrap_or(-1),
+                Some(ShardStatus {
+                    partition,
+                    next_offset: shard.progress().next_offset.unwrap_or(-1),
                     state_bytes,
-                    origin: owned.origin.clone(),
-                }
+                    origin: origins.get(&partition).cloned().unwrap_or_default(),
+                })
             })
             .collect()
     }
 
-    /// Runs `read` over every owned shard (under the lock; keep it short).
+    /// Runs `read` over every owned shard (each held while `read` runs; keep it short).
     pub fn with_shards<R>(&self, read: impl FnOnce(&mut dyn Iterator<Item = &Shard>) -> R) -> R {
-        let inner = self.lock();
-        let mut shards = inner.shards.values().map(|owned| &owned.shard);
+        let slots = self.slots(None);
+        let guards: Vec<MutexGuard<'_, Option<Shard>>> =
+            slots.iter().map(|(_, _, slot)| lock_slot(slot)).collect();
+        let mut shards = guards.iter().filter_map(|guard| guard.as_ref());
         read(&mut shards)
     }
 
@@ -578,6 +666,12 @@ impl ShardSet {
     pub fn state_dir(&self) -> &Path {
         &self.state_dir
     }
+}
+
+/// Locks a shard's slot (a panic elsewhere never leaves it unusable: the shard's state is only
+/// changed by whole RocksDB write batches).
+fn lock_slot(slot: &Mutex<Option<Shard>>) -> MutexGuard<'_, Option<Shard>> {
+    slot.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// What became of a batch.
@@ -596,11 +690,24 @@ pub(crate) enum Processed {
 
 /// A polled record, copied out of librdkafka's buffer.
 pub(crate) struct OwnedRecord {
-    offset: i64,
+    pub(crate) offset: i64,
     key: Vec<u8>,
     payload: Vec<u8>,
     /// The record's broker timestamp (create or append time), ms.
     timestamp_ms: Option<i64>,
+}
+
+#[cfg(test)]
+impl OwnedRecord {
+    /// An empty record at `offset`.
+    pub(crate) fn for_test(offset: i64) -> OwnedRecord {
+        OwnedRecord {
+            offset,
+            key: Vec::new(),
+            payload: Vec::new(),
+            timestamp_ms: None,
+        }
+    }
 }
 
 impl<M: Message> From<&M> for OwnedRecord {

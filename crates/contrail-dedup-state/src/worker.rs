@@ -16,10 +16,10 @@
 //! - **Checkpoint barriers** arrive as commands between batches: the thread hands a checkpoint
 //!   handle per owned shard to the async side, which takes the RocksDB checkpoints (hard links,
 //!   a memtable flush) on a blocking thread and uploads them while batches keep committing.
-use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::Receiver;
+use std::sync::mpsc::{self, Receiver};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, RebalanceProtocol};
@@ -168,12 +168,12 @@ impl ConsumerContext for GroupContext {
     }
 }
 
-/// How the processing thread runs.
+/// How the processing threads run.
 #[derive(Debug, Clone)]
 pub struct WorkerSettings {
     /// Input topic.
     pub input_topic: String,
-    /// Records per micro-batch.
+    /// Records per micro-batch of one shard.
     pub max_records: usize,
     /// How long an empty batch waits for its first record.
     pub max_wait: Duration,
@@ -181,6 +181,8 @@ pub struct WorkerSettings {
     pub max_unacknowledged: usize,
     /// Allowed lateness (the shard watermark), µs.
     pub lateness_us: i64,
+    /// Threads running batches (1: the polling thread runs them itself).
+    pub threads: usize,
 }
 
 /// Builds the group context for a consumer.
@@ -191,7 +193,76 @@ pub fn group_context(shards: Arc<ShardSet>, input_topic: &str) -> GroupContext {
     }
 }
 
-/// The processing loop. Returns when `stop` is set (after closing every shard) or on a failure.
+/// One partition's batch for a processing thread.
+struct Job {
+    partition: i32,
+    records: Vec<OwnedRecord>,
+    accept_gap: bool,
+}
+
+/// What became of a [`Job`]; the records come back for a gap that is then accepted.
+struct JobDone {
+    job: Job,
+    outcome: Result<Processed, DedupStateError>,
+}
+
+/// Records polled and not yet processed, per partition, and the partitions with a batch running.
+#[derive(Default)]
+struct Pending {
+    records: BTreeMap<i32, VecDeque<OwnedRecord>>,
+    total: usize,
+    running: HashSet<i32>,
+}
+
+impl Pending {
+    fn push(&mut self, partition: i32, record: OwnedRecord) {
+        self.records.entry(partition).or_default().push_back(record);
+        self.total += 1;
+    }
+
+    /// Drops the records of `partition` (they are read again after a seek).
+    fn clear(&mut self, partition: i32) {
+        if let Some(records) = self.records.remove(&partition) {
+            self.total -= records.len();
+        }
+    }
+
+    /// Puts records back in front of `partition`'s queue.
+    fn put_back(&mut self, partition: i32, records: Vec<OwnedRecord>) {
+        self.total += records.len();
+        let queue = self.records.entry(partition).or_default();
+        for record in records.into_iter().rev() {
+            queue.push_front(record);
+        }
+    }
+
+    /// The next batch of a partition with records and no batch running, up to `max_records`,
+    /// taking partitions round-robin after `after`.
+    fn next_batch(&mut self, after: &mut i32, max_records: usize) -> Option<(i32, Vec<OwnedRecord>)> {
+        let ready = |(partition, queue): (&i32, &VecDeque<OwnedRecord>)| {
+            (!queue.is_empty() && !self.running.contains(partition)).then_some(*partition)
+        };
+        let partition = self
+            .records
+            .range(after.saturating_add(1)..)
+            .find_map(ready)
+            .or_else(|| self.records.range(..=*after).find_map(ready))?;
+        let queue = self.records.get_mut(&partition)?;
+        let take = queue.len().min(max_records);
+        let records: Vec<OwnedRecord> = queue.drain(..take).collect();
+        if queue.is_empty() {
+            self.records.remove(&partition);
+        }
+        self.total -= records.len();
+        *after = partition;
+        Some((partition, records))
+    }
+}
+
+/// The processing loop: polls the consumer (serving the group, the rebalance callback and the
+/// checkpoint commands) and runs each partition's batches in offset order — on this thread, or on
+/// `settings.threads` processing threads, one batch per partition at a time. Returns when `stop`
+/// is set (after the running batches finished and every shard was closed) or on a failure.
 pub fn run(
     consumer: &BaseConsumer<GroupContext>,
     shards: &ShardSet,
@@ -203,151 +274,408 @@ pub fn run(
     consumer.subscribe(&[&settings.input_topic]).map_err(|error| {
         DedupStateError::Broker(format!("subscribe to {}: {error}", settings.input_topic))
     })?;
-    let mut is_paused = false;
-    let mut buffered: Vec<(i32, OwnedRecord)> = Vec::with_capacity(settings.max_records);
-    let mut gaps: HashMap<i32, GapSeen> = HashMap::new();
-    while !stop.load(Ordering::Relaxed) {
-        if let Some(failure) = shards.failure() {
-            return Err(DedupStateError::Worker(failure));
+    let result = std::thread::scope(|scope| {
+        let (done_sender, done) = mpsc::channel::<JobDone>();
+        let mut jobs = None;
+        if settings.threads > 1 {
+            let (job_sender, job_receiver) = mpsc::channel::<Job>();
+            let job_receiver = Arc::new(Mutex::new(job_receiver));
+            for index in 0..settings.threads {
+                let job_receiver = job_receiver.clone();
+                let done_sender = done_sender.clone();
+                std::thread::Builder::new()
+                    .name(format!("dedup-batch-{index}"))
+                    .spawn_scoped(scope, move || {
+                        loop {
+                            // The receiver is only held while waiting for a job.
+                            let job = match job_receiver.lock() {
+                                Ok(receiver) => receiver.recv(),
+                                Err(_) => return,
+                            };
+                            let Ok(job) = job else { return };
+                            let outcome = shards.process(
+                                job.partition,
+                                &job.records,
+                                settings.lateness_us,
+                                job.accept_gap,
+                            );
+                            if done_sender.send(JobDone { job, outcome }).is_err() {
+                                return;
+                            }
+                        }
+                    })
+                    .map_err(|error| {
+                        DedupStateError::Worker(format!("cannot start a processing thread: {error}"))
+                    })?;
+            }
+            jobs = Some(job_sender);
         }
-        while let Ok(command) = commands.try_recv() {
-            match command {
-                Command::Checkpoint { epoch, reply } => {
-                    let _ = reply.send(shards.checkpoint(epoch));
+        let driver = Driver {
+            consumer,
+            shards,
+            settings,
+            commands,
+            stop,
+            paused,
+        };
+        let result = driver.poll_loop(jobs.as_ref(), &done);
+        // Closing the job queue ends the processing threads once their batches are done.
+        drop(jobs);
+        result
+    });
+    if result.is_ok() {
+        tracing::info!("stopping: closing shards and leaving the group");
+        shards.close_all();
+        consumer.unsubscribe();
+    }
+    result
+}
+
+/// What [`run`]'s loop works with.
+struct Driver<'a> {
+    consumer: &'a BaseConsumer<GroupContext>,
+    shards: &'a ShardSet,
+    settings: &'a WorkerSettings,
+    commands: &'a Receiver<Command>,
+    stop: &'a AtomicBool,
+    paused: &'a AtomicBool,
+}
+
+impl Driver<'_> {
+    /// [`run`]'s loop; `jobs` is the processing threads' queue (`None`: batches run here).
+    fn poll_loop(
+        &self,
+        jobs: Option<&mpsc::Sender<Job>>,
+        done: &mpsc::Receiver<JobDone>,
+    ) -> Result<(), DedupStateError> {
+        let Driver {
+            consumer,
+            shards,
+            settings,
+            commands,
+            stop,
+            paused,
+        } = *self;
+        let threads = settings.threads.max(1);
+        // Polled records are held up to this many (then the loop waits for batches to finish).
+        let hold = settings.max_records.saturating_mul(threads * 2);
+        let mut is_paused = false;
+        let mut pending = Pending::default();
+        let mut last_dispatched = -1;
+        let mut gaps: HashMap<i32, GapSeen> = HashMap::new();
+        while !stop.load(Ordering::Relaxed) {
+            if let Some(failure) = shards.failure() {
+                return Err(DedupStateError::Worker(failure));
+            }
+            while let Ok(command) = commands.try_recv() {
+                match command {
+                    Command::Checkpoint { epoch, reply } => {
+                        let _ = reply.send(shards.checkpoint(epoch));
+                    }
+                }
+            }
+            shards.apply_deliveries();
+            while let Ok(finished) = done.try_recv() {
+                pending.running.remove(&finished.job.partition);
+                on_batch_done(consumer, settings, &mut pending, &mut gaps, finished)?;
+            }
+            // Re-sends queued by an assignment go out before any newer output.
+            shards
+                .produce_resends()
+                .map_err(|error| DedupStateError::Broker(format!("produce: {error}")))?;
+            let want_pause =
+                paused.load(Ordering::Relaxed) || shards.unacknowledged() >= settings.max_unacknowledged;
+            if want_pause != is_paused {
+                if let Ok(assignment) = consumer.assignment() {
+                    let _ = if want_pause {
+                        consumer.pause(&assignment)
+                    } else {
+                        consumer.resume(&assignment)
+                    };
+                }
+                is_paused = want_pause;
+            }
+            if is_paused {
+                // Keep serving the group (rebalances, heartbeats) while not taking records; a partition
+                // assigned while paused is paused as well. A record that arrives anyway is kept for
+                // the next batch (never dropped: the fetch position is already past it).
+                if let Some(Ok(message)) = consumer.poll(Duration::from_millis(20)) {
+                    if let Ok(assignment) = consumer.assignment() {
+                        let _ = consumer.pause(&assignment);
+                    }
+                    pending.push(message.partition(), OwnedRecord::from(&message));
+                }
+                continue;
+            }
+            // Wait (up to max_wait) only when nothing is held or running; then take what has already
+            // arrived, without waiting: waiting to fill a batch would add up to max_wait to every
+            // record's latency at low load, and under load the consumer's prefetch fills batches
+            // anyway. While batches run elsewhere, poll in short steps to notice them finishing.
+            let deadline = Instant::now() + settings.max_wait;
+            while pending.total < hold {
+                let wait = if pending.total > 0 {
+                    Duration::ZERO
+                } else if !pending.running.is_empty() {
+                    Duration::from_millis(1)
+                } else {
+                    deadline.saturating_duration_since(Instant::now())
+                };
+                match consumer.poll(wait) {
+                    Some(Ok(message)) => pending.push(message.partition(), OwnedRecord::from(&message)),
+                    Some(Err(error)) => {
+                        tracing::warn!(%error, "consumer error");
+                        break;
+                    }
+                    None => break,
+                }
+            }
+            // A rebalance during the poll may have queued re-sends: they go before new outputs.
+            shards
+                .produce_resends()
+                .map_err(|error| DedupStateError::Broker(format!("produce: {error}")))?;
+            match jobs {
+                Some(jobs) => {
+                    let mut dispatched = false;
+                    while pending.running.len() < threads
+                        && let Some((partition, records)) =
+                            pending.next_batch(&mut last_dispatched, settings.max_records)
+                    {
+                        let accept_gap = gaps.get(&partition).is_some_and(|gap| gap.accepted);
+                        pending.running.insert(partition);
+                        dispatched = true;
+                        if jobs
+                            .send(Job {
+                                partition,
+                                records,
+                                accept_gap,
+                            })
+                            .is_err()
+                        {
+                            return Err(DedupStateError::Worker(
+                                "the processing threads stopped".to_owned(),
+                            ));
+                        }
+                    }
+                    if !dispatched && !pending.running.is_empty() {
+                        // Nothing to start (what is held belongs to partitions with a batch running):
+                        // wait a moment for one to finish, longer when no more may be polled.
+                        let wait = Duration::from_millis(if pending.total >= hold { 20 } else { 1 });
+                        if let Ok(finished) = done.recv_timeout(wait) {
+                            pending.running.remove(&finished.job.partition);
+                            on_batch_done(consumer, settings, &mut pending, &mut gaps, finished)?;
+                        }
+                    }
+                }
+                None => {
+                    while let Some((partition, records)) =
+                        pending.next_batch(&mut last_dispatched, settings.max_records)
+                    {
+                        let accept_gap = gaps.get(&partition).is_some_and(|gap| gap.accepted);
+                        let outcome = shards.process(partition, &records, settings.lateness_us, accept_gap);
+                        let job = Job {
+                            partition,
+                            records,
+                            accept_gap,
+                        };
+                        on_batch_done(
+                            consumer,
+                            settings,
+                            &mut pending,
+                            &mut gaps,
+                            JobDone { job, outcome },
+                        )?;
+                    }
                 }
             }
         }
-        shards.apply_deliveries();
-        shards
-            .produce_resends()
-            .map_err(|error| DedupStateError::Broker(format!("produce: {error}")))?;
-        let want_pause =
-            paused.load(Ordering::Relaxed) || shards.unacknowledged() >= settings.max_unacknowledged;
-        if want_pause != is_paused {
-            if let Ok(assignment) = consumer.assignment() {
-                let _ = if want_pause {
-                    consumer.pause(&assignment)
-                } else {
-                    consumer.resume(&assignment)
+        // Let the running batches finish (their outputs are produced before the shards close).
+        while !pending.running.is_empty() {
+            match done.recv_timeout(Duration::from_secs(120)) {
+                Ok(finished) => {
+                    pending.running.remove(&finished.job.partition);
+                    finished.outcome?;
+                }
+                Err(_) => {
+                    return Err(DedupStateError::Worker(
+                        "a batch did not finish within 120 s".to_owned(),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Handles a finished batch: a gap repositions the partition (its held records are dropped and
+/// read again) or is accepted (the records go back to be processed from the record read).
+fn on_batch_done(
+    consumer: &BaseConsumer<GroupContext>,
+    settings: &WorkerSettings,
+    pending: &mut Pending,
+    gaps: &mut HashMap<i32, GapSeen>,
+    finished: JobDone,
+) -> Result<(), DedupStateError> {
+    let JobDone { job, outcome } = finished;
+    let partition = job.partition;
+    match outcome? {
+        Processed::Done => {
+            gaps.remove(&partition);
+        }
+        Processed::Gap { expected, got } => {
+            let gap = gaps.entry(partition).or_insert(GapSeen {
+                expected,
+                attempts: 0,
+                accepted: false,
+            });
+            if gap.expected != expected {
+                *gap = GapSeen {
+                    expected,
+                    attempts: 0,
+                    accepted: false,
                 };
             }
-            is_paused = want_pause;
-        }
-        if is_paused {
-            // Keep serving the group (rebalances, heartbeats) while not taking records; a partition
-            // assigned while paused is paused as well. A record that arrives anyway is kept for
-            // the next batch (never dropped: the fetch position is already past it).
-            if let Some(Ok(message)) = consumer.poll(Duration::from_millis(20)) {
-                if let Ok(assignment) = consumer.assignment() {
-                    let _ = consumer.pause(&assignment);
-                }
-                buffered.push((message.partition(), OwnedRecord::from(&message)));
-            }
-            continue;
-        }
-        // Wait (up to max_wait) only for a batch's first record; then take what has already
-        // arrived, without waiting, up to max_records: waiting to fill a batch would add up to
-        // max_wait to every record's latency at low load, and under load the consumer's prefetch
-        // fills batches anyway.
-        let deadline = Instant::now() + settings.max_wait;
-        while buffered.len() < settings.max_records {
-            let wait = if buffered.is_empty() {
-                deadline.saturating_duration_since(Instant::now())
-            } else {
-                Duration::ZERO
-            };
-            match consumer.poll(wait) {
-                Some(Ok(message)) => buffered.push((message.partition(), OwnedRecord::from(&message))),
-                Some(Err(error)) => {
-                    tracing::warn!(%error, "consumer error");
-                    break;
-                }
-                None => break,
-            }
-        }
-        if buffered.is_empty() {
-            continue;
-        }
-        let mut by_partition: BTreeMap<i32, Vec<OwnedRecord>> = BTreeMap::new();
-        for (partition, record) in buffered.drain(..) {
-            by_partition.entry(partition).or_default().push(record);
-        }
-        for (partition, records) in by_partition {
-            let accept_gap = gaps.get(&partition).is_some_and(|gap| gap.accepted);
-            match shards.process(partition, &records, settings.lateness_us, accept_gap)? {
-                Processed::Done => {
-                    gaps.remove(&partition);
-                }
-                Processed::Gap { expected, got } => {
-                    let gap = gaps.entry(partition).or_insert(GapSeen {
+            gap.attempts += 1;
+            let low = (gap.attempts >= GAP_RETRIES)
+                .then(|| {
+                    consumer
+                        .fetch_watermarks(&settings.input_topic, partition, Duration::from_secs(10))
+                        .ok()
+                        .map(|(low, _)| low)
+                })
+                .flatten();
+            match on_gap(partition, expected, got, gap.attempts, low) {
+                GapAction::Reseek => {
+                    tracing::warn!(
+                        partition,
                         expected,
-                        attempts: 0,
-                        accepted: false,
-                    });
-                    if gap.expected != expected {
-                        *gap = GapSeen {
-                            expected,
-                            attempts: 0,
-                            accepted: false,
-                        };
-                    }
-                    gap.attempts += 1;
-                    let low = (gap.attempts >= GAP_RETRIES)
-                        .then(|| {
-                            consumer
-                                .fetch_watermarks(&settings.input_topic, partition, Duration::from_secs(10))
-                                .ok()
-                                .map(|(low, _)| low)
-                        })
-                        .flatten();
-                    match on_gap(partition, expected, got, gap.attempts, low) {
-                        GapAction::Reseek => {
-                            tracing::warn!(
-                                partition,
-                                expected,
-                                got,
-                                attempt = gap.attempts,
-                                "batch does not start at the shard's offset; reading again from it"
-                            );
-                            consumer
-                                .seek(
-                                    &settings.input_topic,
-                                    partition,
-                                    Offset::Offset(expected),
-                                    Duration::from_secs(10),
-                                )
-                                .map_err(|error| {
-                                    DedupStateError::Broker(format!(
-                                        "partition {partition}: seeking back to the shard's offset {expected}: {error}"
-                                    ))
-                                })?;
-                        }
-                        GapAction::Accept => {
-                            tracing::warn!(
-                                partition,
-                                expected,
-                                got,
-                                "the broker holds no record between the shard's offset and the next record (markers or compaction); continuing from it"
-                            );
-                            gap.accepted = true;
-                            shards.process(partition, &records, settings.lateness_us, true)?;
-                            gaps.remove(&partition);
-                        }
-                        GapAction::Fail(message) => return Err(DedupStateError::Worker(message)),
-                    }
+                        got,
+                        attempt = gap.attempts,
+                        "batch does not start at the shard's offset; reading again from it"
+                    );
+                    pending.clear(partition);
+                    consumer
+                        .seek(
+                            &settings.input_topic,
+                            partition,
+                            Offset::Offset(expected),
+                            Duration::from_secs(10),
+                        )
+                        .map_err(|error| {
+                            DedupStateError::Broker(format!(
+                                "partition {partition}: seeking back to the shard's offset {expected}: {error}"
+                            ))
+                        })?;
                 }
+                GapAction::Accept => {
+                    tracing::warn!(
+                        partition,
+                        expected,
+                        got,
+                        "the broker holds no record between the shard's offset and the next record (markers or compaction); continuing from it"
+                    );
+                    gap.accepted = true;
+                    pending.put_back(partition, job.records);
+                }
+                GapAction::Fail(message) => return Err(DedupStateError::Worker(message)),
             }
         }
     }
-    tracing::info!("stopping: closing shards and leaving the group");
-    shards.close_all();
-    consumer.unsubscribe();
     Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    fn record(offset: i64) -> OwnedRecord {
+        OwnedRecord::for_test(offset)
+    }
+
+    #[derive(Debug, Clone)]
+    enum Step {
+        Poll(i32),
+        Start,
+        Finish,
+        Gap,
+        Accept,
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            4 => (0..4i32).prop_map(Step::Poll),
+            3 => Just(Step::Start),
+            3 => Just(Step::Finish),
+            1 => Just(Step::Gap),
+            1 => Just(Step::Accept),
+        ]
+    }
+
+    proptest! {
+        /// Whatever the interleaving of polls, batch starts and finishes, gaps (held records
+        /// dropped) and accepted gaps (records put back): no partition ever has two batches
+        /// running, every partition's records are processed in the order polled, batches stay
+        /// within `max_records`, and the held count is exact.
+        #[test]
+        fn batches_run_one_per_partition_in_offset_order(
+            steps in proptest::collection::vec(step(), 1..300),
+            max_records in 1usize..5,
+            threads in 1usize..4,
+        ) {
+            let mut pending = Pending::default();
+            let mut after = -1;
+            let mut next_offset = [0i64; 4];
+            // Per partition: the last offset handed to a batch that was processed.
+            let mut processed: [Option<i64>; 4] = [None; 4];
+            let mut running: Vec<(i32, Vec<OwnedRecord>)> = Vec::new();
+            for step in steps {
+                match step {
+                    Step::Poll(partition) => {
+                        pending.push(partition, record(next_offset[partition as usize]));
+                        next_offset[partition as usize] += 1;
+                    }
+                    Step::Start => {
+                        if running.len() < threads
+                            && let Some((partition, records)) = pending.next_batch(&mut after, max_records)
+                        {
+                            prop_assert!(!pending.running.contains(&partition), "partition {partition} twice");
+                            prop_assert!(!records.is_empty() && records.len() <= max_records);
+                            pending.running.insert(partition);
+                            running.push((partition, records));
+                        }
+                    }
+                    Step::Finish | Step::Gap | Step::Accept => {
+                        if running.is_empty() {
+                            continue;
+                        }
+                        let (partition, records) = running.remove(0);
+                        pending.running.remove(&partition);
+                        match step {
+                            Step::Finish => {
+                                for record in &records {
+                                    let last = &mut processed[partition as usize];
+                                    prop_assert!(
+                                        last.is_none_or(|last| record.offset == last + 1),
+                                        "partition {partition}: {} after {last:?}", record.offset
+                                    );
+                                    *last = Some(record.offset);
+                                }
+                            }
+                            Step::Gap => {
+                                // Read again from the first record not processed.
+                                pending.clear(partition);
+                                next_offset[partition as usize] =
+                                    processed[partition as usize].map_or(0, |last| last + 1);
+                            }
+                            _ => pending.put_back(partition, records),
+                        }
+                    }
+                }
+                let held: usize = pending.records.values().map(VecDeque::len).sum();
+                prop_assert_eq!(held, pending.total);
+            }
+        }
+    }
 
     #[test]
     fn a_gap_is_read_again_then_accepted_only_if_the_broker_holds_nothing_in_it() {
