@@ -402,21 +402,19 @@ impl ShardSet {
             Ok(receiver) => receiver.try_iter().collect(),
             Err(_) => return,
         };
-        if reports.is_empty() {
-            return;
-        }
-        let mut touched: Vec<(i32, u64, Slot)> = Vec::new();
-        {
+        let queued: Vec<(i32, u64, Slot)> = {
             let mut inner = self.lock();
+            if reports.is_empty() && inner.acknowledged.is_empty() {
+                return;
+            }
             for report in reports {
                 inner.in_flight.reported(report.partition, report.generation);
                 let owned = inner
                     .shards
                     .get(&report.partition)
-                    .filter(|owned| owned.generation == report.generation)
-                    .map(|owned| owned.slot.clone());
-                match (report.error, owned) {
-                    (None, Some(slot)) => {
+                    .is_some_and(|owned| owned.generation == report.generation);
+                match report.error {
+                    None if owned => {
                         let queued = inner
                             .acknowledged
                             .entry(report.partition)
@@ -425,24 +423,27 @@ impl ShardSet {
                             *queued = (report.generation, Vec::new());
                         }
                         queued.1.push(report.sequence);
-                        if !touched
-                            .iter()
-                            .any(|(partition, _, _)| *partition == report.partition)
-                        {
-                            touched.push((report.partition, report.generation, slot));
-                        }
                     }
                     // A report for a shard closed since: the output stays in that shard's outbox.
-                    (None, None) => {}
-                    (Some(error), _) => self.fail(format!(
+                    None => {}
+                    Some(error) => self.fail(format!(
                         "output {} of partition {} was not acknowledged by the broker: {error}",
                         report.sequence, report.partition
                     )),
                 }
             }
             self.metrics.outbox_pending.set(inner.unacknowledged() as i64);
-        }
-        for (partition, generation, slot) in touched {
+            // Also those queued earlier while their shard was busy.
+            inner
+                .acknowledged
+                .iter()
+                .filter_map(|(partition, (generation, _))| {
+                    let owned = inner.shards.get(partition)?;
+                    Some((*partition, *generation, owned.slot.clone()))
+                })
+                .collect()
+        };
+        for (partition, generation, slot) in queued {
             // A shard in a batch takes its acknowledgements before its next batch.
             if let Ok(guard) = slot.try_lock()
                 && let Some(shard) = guard.as_ref()
