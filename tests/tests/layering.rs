@@ -74,6 +74,7 @@ fn allowed() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
             "contrail-cosmos",
             "contrail-flight",
             "contrail-flightdata",
+            "contrail-events",
         ]),
     );
     map.insert("contrail-testkit", below_stages.iter().copied().collect());

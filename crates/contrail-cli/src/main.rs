@@ -12,6 +12,7 @@ mod admin;
 mod board;
 mod check;
 mod flights;
+mod input;
 mod platform;
 mod replay;
 mod store;

@@ -25,8 +25,18 @@ pub struct ReplayArgs {
     #[arg(long)]
     gzip: bool,
     /// Write the deliveries as NDJSON to this file (`-` for stdout) instead of posting them.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "input")]
     output: Option<PathBuf>,
+    /// Post a recorded feed instead of generating one: NDJSON (one event per line) or a JSON
+    /// array of events, optionally gzip-compressed; `-` reads stdin. Events are posted as they
+    /// are, in the file's order (each flight's events in order also with --concurrency > 1);
+    /// ingest validates them and counts what it refuses as rejected (its dead-letter topic).
+    #[arg(
+        long,
+        value_name = "FILE",
+        conflicts_with_all = ["data_dir", "from", "to", "seed", "duplicate_rate", "max_disorder_minutes", "straggler_rate", "straggler_delay_minutes"]
+    )]
+    input: Option<PathBuf>,
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
@@ -107,29 +117,49 @@ pub struct Totals {
 
 /// Runs `contrail replay`.
 pub async fn run(args: ReplayArgs) -> Result<()> {
-    let stream = feed(&args.feed)?;
-    let flights = stream.1;
-    let estimate = stream.2;
     let limit = args.feed.limit.unwrap_or(u64::MAX);
-    let progress = if args.quiet || args.output.as_deref() == Some(std::path::Path::new("-")) {
+    let progress_hidden = args.quiet || args.output.as_deref() == Some(std::path::Path::new("-"));
+    let (deliveries, what, estimate): (Deliveries, String, u64) = match &args.input {
+        Some(path) => {
+            let feed = crate::input::load(path).await?;
+            let count = feed.events.len() as u64;
+            let what = format!("{} ({count} events of {} flights)", path.display(), feed.flights);
+            (Box::new(feed.events.into_iter()), what, count.min(limit))
+        }
+        None => {
+            let (stream, flights, estimate) = feed(&args.feed)?;
+            if let Some(path) = &args.output {
+                let progress = if progress_hidden {
+                    ProgressBar::hidden()
+                } else {
+                    ProgressBar::new(estimate)
+                };
+                progress.set_style(bar_style());
+                return write_ndjson(stream, path, limit, &progress);
+            }
+            (
+                Box::new(stream.map(|delivery| delivery.event.to_json())),
+                format!("{flights} flights"),
+                estimate,
+            )
+        }
+    };
+    let progress = if progress_hidden {
         ProgressBar::hidden()
     } else {
         ProgressBar::new(estimate)
     };
     progress.set_style(bar_style());
-    if let Some(path) = &args.output {
-        return write_ndjson(stream.0, path, limit, &progress);
-    }
     let target = Target {
         url: args.url.clone(),
         token: args.token.clone(),
         gzip: args.gzip,
     };
-    let totals = post(stream.0, &args.feed, &target, &progress, &|_| {}).await?;
+    let totals = post(deliveries, &args.feed, &target, &progress, &|_| {}).await?;
     progress.finish_and_clear();
     let seconds = totals.elapsed.as_secs_f64();
     println!(
-        "replayed {flights} flights: {} events sent, {} accepted, {} rejected, {} retried requests in {seconds:.1} s ({:.0} events/s)",
+        "replayed {what}: {} events sent, {} accepted, {} rejected, {} retried requests in {seconds:.1} s ({:.0} events/s)",
         totals.sent,
         totals.accepted,
         totals.rejected,
@@ -144,6 +174,9 @@ pub async fn run(args: ReplayArgs) -> Result<()> {
     }
     Ok(())
 }
+
+/// Events to post, in arrival order (the ingest format, DESIGN §2.1).
+pub type Deliveries = Box<dyn Iterator<Item = serde_json::Value> + Send>;
 
 /// The progress bar style of replays.
 pub fn bar_style() -> ProgressStyle {
@@ -202,7 +235,7 @@ pub fn feed(args: &FeedArgs) -> Result<(ReplayStream, usize, u64)> {
 /// Posts the deliveries of `stream` to ingest, `progress` counting them; `on_ack` sees every
 /// batch ingest acknowledged, right after the acknowledgement.
 pub async fn post(
-    stream: ReplayStream,
+    deliveries: Deliveries,
     args: &FeedArgs,
     target: &Target,
     progress: &ProgressBar,
@@ -214,9 +247,7 @@ pub async fn post(
         .timeout(Duration::from_secs(60))
         .build()?;
     let endpoint = format!("{}/v1/events?results=failures", target.url.trim_end_matches('/'));
-    let deliveries = stream
-        .take(usize::try_from(limit).unwrap_or(usize::MAX))
-        .map(|delivery| delivery.event.to_json());
+    let deliveries = deliveries.take(usize::try_from(limit).unwrap_or(usize::MAX));
     let pace = Pace::new(args.rate);
     let mut totals = Totals::default();
     // Lanes by flight key: lanes post concurrently, the batches of one lane one after the other, so

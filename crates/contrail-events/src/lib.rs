@@ -15,7 +15,9 @@ mod validate;
 
 pub use body::{BodyError, BodyRecord, split_body};
 pub use fast::validate_json;
-pub use validate::{FieldError, Limits, event_type_from_name, event_type_name, flight_key, validate_record};
+pub use validate::{
+    FieldError, Limits, event_type_from_name, event_type_name, flight_key, json_kind, validate_record,
+};
 
 pub use contrail_proto::v1::{EventData, EventType, FlightRef, OperationalEvent};
 

@@ -471,7 +471,8 @@ fn parse_time(value: &Value, path: &str, errors: &mut Vec<FieldError>) -> Option
     }
 }
 
-fn json_kind(value: &Value) -> &'static str {
+/// What kind of JSON value `value` is, for error messages ("a string", "an array", …).
+pub fn json_kind(value: &Value) -> &'static str {
     match value {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",

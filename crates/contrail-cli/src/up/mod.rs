@@ -29,7 +29,7 @@ use tokio::sync::RwLock;
 use self::context::{Milestones, SharedPlatform, Up, set_phase};
 use crate::board::{Board, BoardMeta};
 use crate::platform::{Ports, STAGES};
-use crate::replay::{FeedArgs, Target};
+use crate::replay::{Deliveries, FeedArgs, Target};
 use crate::store::Stores;
 
 /// Options of `contrail up`.
@@ -37,6 +37,15 @@ use crate::store::Stores;
 pub struct UpArgs {
     #[command(flatten)]
     feed: FeedArgs,
+    /// Replay a recorded feed instead of generated flights (as `contrail replay --input`: NDJSON
+    /// or a JSON array of events, optionally gzip, `-` for stdin); the summary and its checks are
+    /// then about the file's events, the board offers the file's flight dates.
+    #[arg(
+        long,
+        value_name = "FILE",
+        conflicts_with_all = ["data_dir", "from", "to", "duplicate_rate", "max_disorder_minutes", "straggler_rate", "straggler_delay_minutes"]
+    )]
+    input: Option<PathBuf>,
     /// Working directory: logs, RocksDB shards, checkpoints, Delta tables, `up.json`. Emptied at
     /// start (the broker and the Cosmos endpoint keep their data in memory, so every run starts
     /// from empty stores).
@@ -140,18 +149,41 @@ pub async fn run(mut args: UpArgs) -> Result<()> {
     });
     workdir::write_endpoints(&workdir, ports)?;
     println!("flight board: http://{board_address}/ (starting)");
-    // Load the flights before any process: a bad date range fails before anything starts.
-    // (CPU work off the runtime's threads: the board answers meanwhile.)
-    let feed_args = args.feed.clone();
-    let (stream, flights, estimate) = tokio::task::spawn_blocking(move || crate::replay::feed(&feed_args))
-        .await
-        .context("loading the flights")??;
-    println!(
-        "contrail up: {flights} flights ({} … {}), working directory {}",
-        args.feed.from.map(|d| d.to_string()).unwrap_or_default(),
-        args.feed.to.map(|d| d.to_string()).unwrap_or_default(),
-        workdir.display()
-    );
+    // Load the flights before any process: a bad date range or feed file fails before anything
+    // starts. (CPU work off the runtime's threads: the board answers meanwhile.)
+    let (stream, flights, estimate): (Deliveries, usize, u64) = match &args.input {
+        Some(path) => {
+            let feed = crate::input::load(path).await?;
+            meta.write().await.dates = feed_dates(&feed.events);
+            println!(
+                "contrail up: {} ({} events of {} flights), working directory {}",
+                path.display(),
+                feed.events.len(),
+                feed.flights,
+                workdir.display()
+            );
+            let count = feed.events.len() as u64;
+            (Box::new(feed.events.into_iter()), feed.flights, count)
+        }
+        None => {
+            let feed_args = args.feed.clone();
+            let (stream, flights, estimate) =
+                tokio::task::spawn_blocking(move || crate::replay::feed(&feed_args))
+                    .await
+                    .context("loading the flights")??;
+            println!(
+                "contrail up: {flights} flights ({} … {}), working directory {}",
+                args.feed.from.map(|d| d.to_string()).unwrap_or_default(),
+                args.feed.to.map(|d| d.to_string()).unwrap_or_default(),
+                workdir.display()
+            );
+            (
+                Box::new(stream.map(|delivery| delivery.event.to_json())),
+                flights,
+                estimate,
+            )
+        }
+    };
     let ingest_token = match &args.ingest_token {
         Some(token) => token.clone(),
         None => workdir::random_token()?,
@@ -199,6 +231,15 @@ pub async fn run(mut args: UpArgs) -> Result<()> {
     result
 }
 
+/// The dates the board offers for a feed file: its flights' service dates, in order (at most 400).
+fn feed_dates(events: &[Value]) -> Vec<String> {
+    let dates: std::collections::BTreeSet<&str> = events
+        .iter()
+        .filter_map(|event| event["flight"]["date"].as_str())
+        .collect();
+    dates.into_iter().take(400).map(str::to_owned).collect()
+}
+
 /// The dates the board offers: every day of the replay (at most 400).
 fn replay_dates(args: &UpArgs) -> Vec<String> {
     let mut dates = Vec::new();
@@ -228,12 +269,7 @@ struct Run<'a> {
 impl Run<'_> {
     /// The platform is up: open the stores, start the background tasks, wait for the consumers,
     /// replay, settle, summarise.
-    async fn drive(
-        &self,
-        stream: contrail_flightdata::ReplayStream,
-        flights: usize,
-        estimate: u64,
-    ) -> Result<()> {
+    async fn drive(&self, stream: Deliveries, flights: usize, estimate: u64) -> Result<()> {
         let (args, up, ports) = (self.args, &self.up, self.up.ports);
         let stores = Stores::open(
             &supervisor::cosmos_config(ports, false),
