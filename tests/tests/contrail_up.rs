@@ -224,6 +224,116 @@ fn contrail_up_runs_a_recorded_feed_file_with_chaos_and_every_store_is_exactly_o
     let _ = std::fs::remove_dir_all(&feed_dir);
 }
 
+#[test]
+fn contrail_up_without_a_replay_serves_what_your_own_producer_sends() {
+    const TOKEN: &str = "no-replay-test-ingest-token-0123456789";
+    let dir = test_dir("contrail-up-no-replay");
+    let mut up =
+        UpUnderTest::start(&dir, &["--no-replay", "--ingest-token", TOKEN]).expect("contrail up starts");
+    up.wait_phase(
+        "the platform to wait for producers",
+        Duration::from_secs(300),
+        |phase| phase.starts_with("idle"),
+    )
+    .expect("idle");
+    assert!(
+        up.output().contains("ready for your events: POST"),
+        "{}",
+        up.output_tail(20)
+    );
+    let brokers = up.brokers();
+    let raw_now = contrail_testkit::read_to_end(&brokers, "ops.events.raw", Duration::from_secs(30))
+        .expect("raw topic");
+    assert!(
+        raw_now.is_empty(),
+        "nothing was replayed: {} records",
+        raw_now.len()
+    );
+
+    // Your producer: a day of real flights, posted from outside by `contrail replay`.
+    let replay =
+        std::process::Command::new(contrail_testkit::workspace_binary("contrail").expect("contrail"))
+            .args([
+                "replay",
+                "--url",
+                &up.ingest_url(),
+                "--from",
+                "2013-05-20",
+                "--to",
+                "2013-05-20",
+            ])
+            .args(["--seed", "3", "--quiet"])
+            .env("CONTRAIL_INGEST_TOKEN", TOKEN)
+            .output()
+            .expect("run contrail replay");
+    assert!(
+        replay.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&replay.stdout),
+        String::from_utf8_lossy(&replay.stderr)
+    );
+
+    // What Cosmos must serve, from the raw topic by the test's own rules.
+    let ends = quiescent_ends(&brokers, "ops.events.raw", Duration::from_secs(3)).expect("raw ends");
+    let raw = read_topic(
+        &brokers,
+        "ops.events.raw",
+        ends.values().sum::<i64>() as usize,
+        Duration::from_secs(120),
+    )
+    .expect("raw topic");
+    let expected = expect(&raw_records(&raw), OracleRules::default());
+    assert!(
+        expected.accepted.len() > 800,
+        "a day of flights: {}",
+        expected.accepted.len()
+    );
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let containers = runtime
+        .block_on(containers_at(&up.cosmos_endpoint()))
+        .expect("containers");
+    let deadline = std::time::Instant::now() + Duration::from_secs(300);
+    loop {
+        let documents = runtime.block_on(query_documents(&containers)).expect("documents");
+        let wrong: Vec<String> = expected
+            .accepted
+            .iter()
+            .filter_map(|(key, accepted)| {
+                let events: Vec<&OperationalEvent> = accepted.iter().map(|(event, _)| event).collect();
+                let want = essentials(&events);
+                let got = documents.get(key).map(essentials_of);
+                (got.as_ref() != Some(&want)).then(|| format!("{key}: want {want:?}, got {got:?}"))
+            })
+            .collect();
+        if wrong.is_empty() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} documents still differ after 300 s, e.g. {:?}\n{}",
+            wrong.len(),
+            &wrong[..wrong.len().min(3)],
+            up.output_tail(40)
+        );
+        std::thread::sleep(Duration::from_secs(2));
+    }
+    assert!(up.is_running(), "the platform keeps running until Ctrl-C");
+    let status = up.interrupt(Duration::from_secs(90)).expect("stops");
+    assert!(
+        status.success(),
+        "contrail up exited with {status}:\n{}",
+        up.output()
+    );
+    assert!(
+        !up.output().contains("contrail up: summary"),
+        "no summary without a replay"
+    );
+}
+
 /// The large chaos run of the exactly-once issue: five months (> 1,000,000 deliveries), at least
 /// 50 `kill -9` over all stages, a broker restart (its data on disk) and a lost dedup-state volume,
 /// checked exactly as the month above. About an hour on 2 cores: `scripts/chaos-large.sh` runs

@@ -46,6 +46,15 @@ pub struct UpArgs {
         conflicts_with_all = ["data_dir", "from", "to", "duplicate_rate", "max_disorder_minutes", "straggler_rate", "straggler_delay_minutes"]
     )]
     input: Option<PathBuf>,
+    /// Start the platform without replaying anything, for your own producers: ingest's URL and
+    /// the file holding its bearer token are printed, the board shows what arrives (offering the
+    /// dates of --from/--to, January 2013 by default), the stages stay supervised until Ctrl-C.
+    /// No summary or checks (nothing is known of what will be sent).
+    #[arg(
+        long,
+        conflicts_with_all = ["input", "chaos", "exit", "acknowledged_out", "latency_sample_every"]
+    )]
+    no_replay: bool,
     /// Working directory: logs, RocksDB shards, checkpoints, Delta tables, `up.json`. Emptied at
     /// start (the broker and the Cosmos endpoint keep their data in memory, so every run starts
     /// from empty stores).
@@ -152,6 +161,13 @@ pub async fn run(mut args: UpArgs) -> Result<()> {
     // Load the flights before any process: a bad date range or feed file fails before anything
     // starts. (CPU work off the runtime's threads: the board answers meanwhile.)
     let (stream, flights, estimate): (Deliveries, usize, u64) = match &args.input {
+        _ if args.no_replay => {
+            println!(
+                "contrail up: no replay (--no-replay), working directory {}",
+                workdir.display()
+            );
+            (Box::new(std::iter::empty()), 0, 0)
+        }
         Some(path) => {
             let feed = crate::input::load(path).await?;
             meta.write().await.dates = feed_dates(&feed.events);
@@ -325,6 +341,18 @@ impl Run<'_> {
             token: Some(self.ingest_token.clone()),
             gzip: false,
         };
+        if args.no_replay {
+            bar.finish_and_clear();
+            up.set_phase("idle: waiting for your producers").await;
+            up.say(format!(
+                "ready for your events: POST {}/v1/events (Authorization: Bearer $(cat {})); the flight board shows what arrives; Ctrl-C stops everything",
+                target.url,
+                up.workdir.join("ingest-token").display()
+            ));
+            let _ = tokio::signal::ctrl_c().await;
+            drop((supervisor, status_task));
+            return Ok(());
+        }
         let (sampler, on_ack) = latency::CosmosSampler::start(stores.clone(), args.latency_sample_every);
         up.milestones.replay_running.notify_one();
         up.set_phase("replaying").await;
