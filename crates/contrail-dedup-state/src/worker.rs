@@ -1,21 +1,26 @@
-//! The processing thread: a consumer-group member that owns one RocksDB shard per assigned input
-//! partition, runs micro-batches through the flight processor, and produces the outbox.
+//! The polling thread and the processing threads: a consumer-group member that owns one RocksDB
+//! shard per assigned input partition, runs micro-batches through the flight processor, and
+//! produces the outbox.
 //!
 //! - **Assignment** (inside the rebalance callback, before the partitions are handed to the fetcher):
 //!   each new partition's shard is reopened from the local directory, or restored from the newest
 //!   complete checkpoint, or started empty (the pure [`protocol::restore_plan`]); the partition is
 //!   then assigned *at the offset stored in the shard* — never at a group offset or a guess — and the
-//!   shard's outbox is queued for re-sending.
-//! - **Batches**: records are grouped per partition; a record below the shard's stored offset is
-//!   already reflected in its state and skipped (a stale fetch); one `process_batch` per shard commits
-//!   state, timers, outputs and the offset in one write batch; then the outputs are produced.
+//!   shard's outbox is queued for re-sending (produced by the polling thread before any new batch).
+//! - **Batches**: polled records are held per partition; each partition's next batch runs on one of
+//!   `batch.threads` processing threads (or on the polling thread for 1), one batch per shard at a
+//!   time; a record below the shard's stored offset is already reflected in its state and skipped
+//!   (a stale fetch); one `process_batch` commits state, timers, outputs and the offset in one
+//!   write batch; then the outputs are produced.
 //! - **Outbox**: the producer's delivery reports come back on a channel; acknowledged outputs are
-//!   deleted from the outbox, failed ones re-sent. Output order within a key follows commit order.
-//! - **Revocation**: the shard's outputs are flushed, acknowledgements applied, the shard closed.
-//!   Batches are processed between polls, so a revocation never interrupts one.
-//! - **Checkpoint barriers** arrive as commands between batches: the thread hands a checkpoint
-//!   handle per owned shard to the async side, which takes the RocksDB checkpoints (hard links,
-//!   a memtable flush) on a blocking thread and uploads them while batches keep committing.
+//!   deleted from the outbox; a failed one fails the process (the restart re-sends the outbox in
+//!   order). Output order within a key follows commit order.
+//! - **Revocation**: waits for the shard's running batch (its slot), then flushes the outputs,
+//!   applies acknowledgements and closes the shard.
+//! - **Checkpoint barriers** arrive as commands between polls: the polling thread hands a
+//!   checkpoint handle per owned shard to the async side, which takes the RocksDB checkpoints
+//!   (hard links, a memtable flush) on a blocking thread and uploads them while batches keep
+//!   committing.
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver};
