@@ -75,27 +75,7 @@ fn replay_posts_one_day_of_real_flights_with_duplicates() {
         "about 20 % duplicates: {duplicates} of {}",
         deliveries.len()
     );
-    assert!(
-        stdout.contains(&format!(
-            "{} events sent, {} accepted",
-            deliveries.len(),
-            deliveries.len()
-        )),
-        "{stdout}"
-    );
-
-    let messages = read_topic(
-        &shared_broker().address,
-        &ingest.raw_topic,
-        deliveries.len(),
-        Duration::from_secs(60),
-    )
-    .expect("read");
-    assert_eq!(
-        messages.len(),
-        deliveries.len(),
-        "every delivery (duplicates included) is on the topic once"
-    );
+    let messages = all_accepted_and_on_the_topic(&stdout, &ingest.raw_topic, deliveries.len());
     let landed: BTreeSet<String> = event_ids(&messages).into_iter().collect();
     assert_eq!(landed, expected_ids);
 
@@ -110,6 +90,26 @@ fn replay_posts_one_day_of_real_flights_with_duplicates() {
         order_by_flight(&sent),
         "every flight's events in the feed's arrival order"
     );
+}
+
+/// Checks that the replay's output reports all `sent` deliveries accepted and none rejected, and
+/// that `topic` holds each of them once (duplicates included); returns the records.
+fn all_accepted_and_on_the_topic(
+    stdout: &str,
+    topic: &str,
+    sent: usize,
+) -> Vec<rdkafka::message::OwnedMessage> {
+    assert!(
+        stdout.contains(&format!("{sent} events sent, {sent} accepted, 0 rejected")),
+        "{stdout}"
+    );
+    let messages = read_topic(&shared_broker().address, topic, sent, Duration::from_secs(60)).expect("read");
+    assert_eq!(
+        messages.len(),
+        sent,
+        "every delivery (duplicates included) is on the topic once"
+    );
+    messages
 }
 
 /// Each flight's event ids in the order the raw topic holds them (per partition, by offset).
@@ -203,26 +203,7 @@ fn replay_posts_a_recorded_gzip_feed_in_its_order_and_refuses_a_broken_one_namin
         "replay failed: {stdout}\n{}",
         String::from_utf8_lossy(&output.stderr)
     );
-    assert!(
-        stdout.contains(&format!(
-            "{} events sent, {} accepted, 0 rejected",
-            events.len(),
-            events.len()
-        )),
-        "{stdout}"
-    );
-    let messages = read_topic(
-        &shared_broker().address,
-        &ingest.raw_topic,
-        events.len(),
-        Duration::from_secs(60),
-    )
-    .expect("read");
-    assert_eq!(
-        messages.len(),
-        events.len(),
-        "every line of the file is on the topic once"
-    );
+    let messages = all_accepted_and_on_the_topic(&stdout, &ingest.raw_topic, events.len());
     assert_eq!(
         landed_order(&messages),
         order_by_flight(&events),
