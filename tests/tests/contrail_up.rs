@@ -7,12 +7,14 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 
 use chrono::DateTime;
-use contrail_proto::v1::{Alert, EventType, FlightState, OperationalEvent, ServingChange};
+use contrail_proto::v1::{EventType, FlightState, OperationalEvent, ServingChange};
 use contrail_testkit::browser::{Browser, summarize_png};
 use contrail_testkit::cosmos::{
     compare_documents, containers_at, expected_documents, query_documents, read_documents,
 };
-use contrail_testkit::dedup::{OracleRules, delta_identities, expect, expected_final_state, raw_records};
+use contrail_testkit::dedup::{
+    OracleRules, alerts_on_topic, delta_identities, expect, expected_final_state, raw_records,
+};
 use contrail_testkit::delta::verify_tables;
 use contrail_testkit::prometheus::stage_pid;
 use contrail_testkit::up::UpUnderTest;
@@ -489,20 +491,15 @@ fn replay_with_chaos_and_check(run: ChaosRun<'_>) -> serde_json::Value {
     // The DEPARTURE_OVERDUE alerts are exactly the expected ones (copies allowed), and nothing
     // of this valid feed was dead-lettered.
     let alert_ends = quiescent_ends(&brokers, "ops.alerts", Duration::from_secs(3)).expect("alert ends");
-    let alerts: BTreeSet<(String, i64)> = read_topic(
-        &brokers,
-        "ops.alerts",
-        alert_ends.values().sum::<i64>() as usize,
-        Duration::from_secs(120),
-    )
-    .expect("alerts")
-    .iter()
-    .map(|message| {
-        use rdkafka::Message as _;
-        let alert = Alert::decode(message.payload().unwrap_or_default()).expect("an Alert");
-        (alert.flight_key, alert.fired_at_us)
-    })
-    .collect();
+    let (alerts, resolutions) = alerts_on_topic(
+        &read_topic(
+            &brokers,
+            "ops.alerts",
+            alert_ends.values().sum::<i64>() as usize,
+            Duration::from_secs(120),
+        )
+        .expect("alerts"),
+    );
     assert_eq!(
         alerts.len(),
         expected.alerts.len(),
@@ -513,6 +510,87 @@ fn replay_with_chaos_and_check(run: ChaosRun<'_>) -> serde_json::Value {
         alerts.difference(&expected.alerts).next()
     );
     assert_eq!(alerts, expected.alerts);
+    assert_eq!(
+        resolutions,
+        expected.resolutions,
+        "alert resolutions: missing e.g. {:?}, unexpected e.g. {:?}",
+        expected.resolutions.difference(&resolutions).next(),
+        resolutions.difference(&expected.resolutions).next()
+    );
+    assert_eq!(
+        (
+            summary["alerts"]["raised"].as_u64(),
+            summary["alerts"]["resolved"].as_u64()
+        ),
+        (
+            Some(expected.alerts.len() as u64),
+            Some(expected.resolutions.len() as u64)
+        ),
+        "the summary counts the alerts of the Delta alerts table"
+    );
+    assert!(
+        !expected.resolutions.is_empty(),
+        "the feed has flights that left the gate after their overdue alert"
+    );
+    // `contrail alerts tail` prints each alert and each resolution once, copies on the topic or not.
+    let (ok, stdout, stderr) = contrail(
+        &up,
+        &["alerts", "tail", "--from-beginning", "--no-follow", "--json"],
+    );
+    assert!(ok, "contrail alerts tail: {stderr}");
+    let mut tailed: Vec<(String, String, String)> = stdout
+        .lines()
+        .map(|line| {
+            let alert = json_of(line);
+            let text = |field: &str| alert[field].as_str().unwrap_or_default().to_owned();
+            (text("flight_key"), text("state"), text("fired_at"))
+        })
+        .collect();
+    tailed.sort();
+    let utc = |micros: i64| {
+        chrono::DateTime::from_timestamp_micros(micros)
+            .expect("a time")
+            .format("%Y-%m-%dT%H:%M:%SZ")
+            .to_string()
+    };
+    let mut wanted: Vec<(String, String, String)> = expected
+        .alerts
+        .iter()
+        .map(|(key, at)| (key.clone(), "FIRING".to_owned(), utc(*at)))
+        .chain(
+            expected
+                .resolutions
+                .iter()
+                .map(|(key, at, _)| (key.clone(), "RESOLVED".to_owned(), utc(*at))),
+        )
+        .collect();
+    wanted.sort();
+    assert_eq!(tailed, wanted, "contrail alerts tail --json");
+    // The board's alerts panel lists the open ones: raised and not resolved.
+    let open_expected: BTreeSet<String> = expected
+        .alerts
+        .iter()
+        .map(|(key, _)| key.clone())
+        .filter(|key| {
+            !expected
+                .resolutions
+                .iter()
+                .any(|(resolved, _, _)| resolved == key)
+        })
+        .collect();
+    let board_alerts = board_json(&format!("{}api/alerts", up.board_url())).expect("the board answers");
+    let open_on_board: BTreeSet<String> = board_alerts["open"]
+        .as_array()
+        .expect("open alerts")
+        .iter()
+        .map(|alert| alert["flightKey"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    assert_eq!(open_on_board, open_expected, "the board's open alerts");
+    println!(
+        "alerts: {} raised, {} resolved — on the topic, in Delta, in the summary and tailed",
+        expected.alerts.len(),
+        expected.resolutions.len()
+    );
     let mut dlq = TopicReader::open(&brokers, "ops.events.dlq").expect("dead-letter topic");
     dlq.poll_for(Duration::from_secs(3)).expect("read");
     assert!(
@@ -770,6 +848,49 @@ fn the_flight_board_updates_live_and_shows_a_flights_history_in_chromium() {
         assert_eq!(documents[key]["serviceDate"], "2013-01-02");
     }
 
+    // The alerts panel: what /api/alerts says is open for the board's date, and the board marks
+    // exactly those of its rows OVERDUE.
+    let (open, marked): (BTreeSet<String>, BTreeSet<String>) = browser
+        .wait_for("the alerts panel", Duration::from_secs(60), |browser| {
+            let api = board_json(&format!("{board}api/alerts?date=2013-01-02"))?;
+            let open: BTreeSet<String> = api["open"]
+                .as_array()
+                .map(|open| {
+                    open.iter()
+                        .map(|alert| alert["flightKey"].as_str().unwrap_or_default().to_owned())
+                        .collect()
+                })
+                .unwrap_or_default();
+            let listed: Vec<String> = browser.execute(
+                "return [...document.querySelectorAll('#alerts-list li.alert-row')].map(r => r.dataset.key)",
+                vec![],
+            )?;
+            let marked: Vec<String> = browser.execute(
+                "return [...document.querySelectorAll('#board tbody tr.overdue')].map(r => r.dataset.key)",
+                vec![],
+            )?;
+            let listed: BTreeSet<String> = listed.into_iter().collect();
+            Ok(if listed == open {
+                Probe::Ready((open, marked.into_iter().collect()))
+            } else {
+                Probe::NotYet(format!("panel {listed:?}, API {open:?}"))
+            })
+        })
+        .expect("the alerts panel lists the open alerts");
+    let on_board: BTreeSet<String> = keys.iter().cloned().collect();
+    assert_eq!(
+        marked,
+        open.intersection(&on_board)
+            .cloned()
+            .collect::<BTreeSet<String>>(),
+        "rows marked OVERDUE are the board's flights with an open alert"
+    );
+    println!(
+        "alerts panel: {} open on 2013-01-02, {} of them on the board",
+        open.len(),
+        marked.len()
+    );
+
     // A flight's detail: its history from Delta, one row per version.
     let key = &keys[keys.len() / 2];
     browser
@@ -1011,6 +1132,14 @@ fn wait_restarted(up: &UpUnderTest, stage: &str, http_port: u16, old_pid: u32) {
         );
         std::thread::sleep(Duration::from_millis(250));
     }
+}
+
+/// A JSON answer of the board's API (`200` required).
+fn board_json(url: &str) -> anyhow::Result<serde_json::Value> {
+    let answer = contrail_testkit::http_get(url)?;
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
+    anyhow::ensure!(head.starts_with("HTTP/1.1 200"), "GET {url}: {head}\n{body}");
+    Ok(serde_json::from_str(body.trim())?)
 }
 
 fn json_of(text: &str) -> serde_json::Value {

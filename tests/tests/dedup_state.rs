@@ -36,11 +36,12 @@ fn verify(brokers: &str, topics: &DedupTopics, raw_count: usize) -> (usize, usiz
     let curated = read_all(brokers, &topics.curated, accepted_count);
     let accepted = read_all(brokers, &topics.accepted, accepted_count);
     let late = read_all(brokers, &topics.late, expected.late.len());
-    let alerts = read_all(brokers, &topics.alerts, expected.alerts.len());
+    let alerts = read_all(brokers, &topics.alerts, expected.alert_records());
     let problems = check_outputs(&expected, &curated, &accepted, &late, &alerts);
     println!(
-        "{} DEPARTURE_OVERDUE alerts expected and found",
-        expected.alerts.len()
+        "{} DEPARTURE_OVERDUE alerts and {} resolutions expected and found",
+        expected.alerts.len(),
+        expected.resolutions.len()
     );
     assert!(
         problems.is_empty(),

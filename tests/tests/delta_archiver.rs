@@ -65,6 +65,8 @@ impl Topics {
                 "CONTRAIL_TOPICS__CHANGES".to_owned(),
                 self.by_table["serving_changes"].clone(),
             ),
+            // The alerts table has its own exactly-once test (exactly_once.rs, from dedup-state).
+            ("CONTRAIL_TOPICS__ALERTS".to_owned(), String::new()),
             ("CONTRAIL_TOPICS__DLQ".to_owned(), self.dlq.clone()),
             ("CONTRAIL_TOPICS__CREATE".to_owned(), "false".to_owned()),
             ("CONTRAIL_DELTA_ROOT".to_owned(), root.display().to_string()),

@@ -56,7 +56,7 @@ fn dedup_state(brokers: &str, topics: &DedupTopics, dir: &Path) -> DedupUnderTes
     .expect("dedup-state starts")
 }
 
-/// delta-archiver reading dedup-state's three archived outputs into tables under `root`.
+/// delta-archiver reading dedup-state's four archived outputs (alerts included) into tables under `root`.
 fn archiver(brokers: &str, topics: &DedupTopics, root: &Path, dir: &Path) -> CosmosStage {
     let env = [
         ("CONTRAIL_KAFKA__BROKERS", brokers.to_owned()),
@@ -64,6 +64,7 @@ fn archiver(brokers: &str, topics: &DedupTopics, root: &Path, dir: &Path) -> Cos
         ("CONTRAIL_TOPICS__CURATED", topics.curated.clone()),
         ("CONTRAIL_TOPICS__LATE", topics.late.clone()),
         ("CONTRAIL_TOPICS__CHANGES", String::new()),
+        ("CONTRAIL_TOPICS__ALERTS", topics.alerts.clone()),
         ("CONTRAIL_TOPICS__DLQ", format!("{}.archiver", topics.dlq)),
         ("CONTRAIL_DELTA_ROOT", root.display().to_string()),
         ("CONTRAIL_GROUP__ID", unique("eo-archiver")),
@@ -103,7 +104,7 @@ fn check_dedup_outputs(brokers: &str, topics: &DedupTopics, expected: &Expected,
         &read(&topics.curated, accepted),
         &read(&topics.accepted, accepted),
         &read(&topics.late, expected.late.len()),
-        &read(&topics.alerts, expected.alerts.len()),
+        &read(&topics.alerts, expected.alert_records()),
     );
     assert!(
         problems.is_empty(),

@@ -276,6 +276,7 @@ fn delta_archiver_dead_letters_an_oversized_record_and_goes_on() {
         ("CONTRAIL_TOPICS__CURATED", String::new()),
         ("CONTRAIL_TOPICS__LATE", String::new()),
         ("CONTRAIL_TOPICS__CHANGES", String::new()),
+        ("CONTRAIL_TOPICS__ALERTS", String::new()),
         ("CONTRAIL_TOPICS__DLQ", dlq.clone()),
         ("CONTRAIL_DELTA_ROOT", dir.join("delta").display().to_string()),
         ("CONTRAIL_GROUP__ID", unique("pa")),

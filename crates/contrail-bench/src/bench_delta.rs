@@ -195,6 +195,7 @@ fn main() -> Result<()> {
             "CONTRAIL_TOPICS__CHANGES".to_owned(),
             topics["serving_changes"].clone(),
         ),
+        ("CONTRAIL_TOPICS__ALERTS".to_owned(), String::new()),
         ("CONTRAIL_TOPICS__DLQ".to_owned(), "bench.dlq".to_owned()),
         ("CONTRAIL_TOPICS__CREATE".to_owned(), "false".to_owned()),
         (

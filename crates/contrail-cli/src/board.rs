@@ -6,9 +6,13 @@
 //! - `GET /api/flights?airport=EWR&mode=departures&carrier=UA&date=2013-01-01&limit=200`
 //! - `GET /api/flights/{key}` the serving document; `GET /api/flights/{key}/history` its states
 //! - `GET /api/meta` dates of the replay, and the pipeline's live status under `contrail up`
+//! - `GET /api/alerts?date=2013-01-01` the open alerts (raised, not resolved) from the Delta
+//!   `alerts` table, read at most once per [`ALERTS_REFRESH`] whatever the number of viewers
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use axum::Router;
@@ -17,6 +21,7 @@ use axum::http::StatusCode;
 use axum::response::{Html, IntoResponse, Json, Response};
 use axum::routing::get;
 use clap::Args;
+use contrail_proto::v1::{Alert, AlertState};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::RwLock;
@@ -68,7 +73,48 @@ pub struct BoardMeta {
 pub struct Board {
     stores: Arc<tokio::sync::OnceCell<Stores>>,
     meta: Arc<RwLock<BoardMeta>>,
+    /// The alerts table as last read: one read per [`ALERTS_REFRESH`] for all viewers.
+    alerts: Arc<SharedReads<(), Vec<Alert>>>,
 }
+
+/// Reads shared by every viewer: a value per key, read again only when older than the interval;
+/// concurrent requests wait for the one read in progress instead of reading too.
+pub struct SharedReads<K, T> {
+    every: Duration,
+    slots: tokio::sync::Mutex<HashMap<K, (Instant, Arc<T>)>>,
+}
+
+impl<K: std::hash::Hash + Eq + Clone, T> SharedReads<K, T> {
+    /// Reads at most once per `every` per key.
+    pub fn new(every: Duration) -> SharedReads<K, T> {
+        SharedReads {
+            every,
+            slots: tokio::sync::Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The value of `key`, read by `read` if there is none younger than the interval.
+    pub async fn get<F, E>(&self, key: &K, read: F) -> Result<Arc<T>, E>
+    where
+        F: std::future::Future<Output = Result<T, E>>,
+    {
+        let mut slots = self.slots.lock().await;
+        if let Some((read_at, value)) = slots.get(key)
+            && read_at.elapsed() < self.every
+        {
+            return Ok(value.clone());
+        }
+        let value = Arc::new(read.await?);
+        // Forget what no viewer asked for in a while.
+        let stale = self.every * 30;
+        slots.retain(|_, (read_at, _)| read_at.elapsed() < stale);
+        slots.insert(key.clone(), (Instant::now(), value.clone()));
+        Ok(value)
+    }
+}
+
+/// How often the board reads the alerts table at most.
+pub const ALERTS_REFRESH: Duration = Duration::from_secs(2);
 
 impl Board {
     /// A board over `stores`.
@@ -83,6 +129,7 @@ impl Board {
         Board {
             stores: Arc::new(tokio::sync::OnceCell::new()),
             meta,
+            alerts: Arc::new(SharedReads::new(ALERTS_REFRESH)),
         }
     }
 
@@ -107,6 +154,7 @@ impl Board {
             .route("/api/flights", get(flights))
             .route("/api/flights/{key}", get(flight))
             .route("/api/flights/{key}/history", get(history))
+            .route("/api/alerts", get(alerts))
             .with_state(self)
     }
 }
@@ -223,4 +271,100 @@ async fn flight(State(board): State<Board>, Path(key): Path<String>) -> Result<R
 async fn history(State(board): State<Board>, Path(key): Path<String>) -> Result<Json<Value>, ApiError> {
     let states = board.stores().await?.history(&key).await?;
     Ok(Json(json!({ "flightKey": key, "states": states })))
+}
+
+/// Query parameters of `/api/alerts`.
+#[derive(Debug, Deserialize)]
+struct AlertsQuery {
+    date: Option<String>,
+}
+
+async fn alerts(
+    State(board): State<Board>,
+    Query(query): Query<AlertsQuery>,
+) -> Result<Json<Value>, ApiError> {
+    let stores = board.stores().await?;
+    let rows = board.alerts.get(&(), stores.alerts()).await?;
+    Ok(Json(alert_board(&rows, query.date.as_deref())))
+}
+
+/// What the board shows of the alerts: the open ones (raised, not resolved; of flights of `date`
+/// when given, by the flight key's service date), oldest first, and the counts.
+pub fn alert_board(rows: &[Alert], date: Option<&str>) -> Value {
+    let date = date.map(str::trim).filter(|date| !date.is_empty());
+    let mut raised: HashMap<&str, &Alert> = HashMap::new();
+    let mut resolved: HashMap<&str, &Alert> = HashMap::new();
+    for alert in rows {
+        if date.is_some_and(|date| !alert.flight_key.contains(&format!("-{date}-"))) {
+            continue;
+        }
+        match alert.state() {
+            AlertState::Firing => raised.insert(&alert.alert_id, alert),
+            AlertState::Resolved => resolved.insert(&alert.alert_id, alert),
+        };
+    }
+    let mut open: Vec<&Alert> = raised
+        .iter()
+        .filter(|(id, _)| !resolved.contains_key(*id))
+        .map(|(_, alert)| *alert)
+        .collect();
+    open.sort_by(|a, b| (a.fired_at_us, &a.flight_key).cmp(&(b.fired_at_us, &b.flight_key)));
+    let iso = |micros: i64| {
+        chrono::DateTime::from_timestamp_micros(micros)
+            .map(|time| time.format("%Y-%m-%dT%H:%M:%SZ").to_string())
+    };
+    json!({
+        "open": open.iter().map(|alert| json!({
+            "alertId": alert.alert_id,
+            "kind": alert.kind,
+            "flightKey": alert.flight_key,
+            "firedAt": iso(alert.fired_at_us),
+            "message": alert.message,
+        })).collect::<Vec<_>>(),
+        "raised": raised.len(),
+        "resolved": resolved.len(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn alert(key: &str, minute: i64, state: AlertState) -> Alert {
+        Alert {
+            alert_id: format!("{key}/DEPARTURE_OVERDUE"),
+            kind: "DEPARTURE_OVERDUE".to_owned(),
+            flight_key: key.to_owned(),
+            fired_at_us: 1_357_000_000_000_000 + minute * 60_000_000,
+            state: state as i32,
+            ..Alert::default()
+        }
+    }
+
+    #[test]
+    fn open_alerts_are_the_raised_ones_not_resolved_oldest_first_of_the_date() {
+        let rows = [
+            alert("UA1-2013-01-01-EWR", 30, AlertState::Firing),
+            alert("UA1-2013-01-01-EWR", 30, AlertState::Resolved),
+            alert("AA2-2013-01-01-JFK", 20, AlertState::Firing),
+            alert("B63-2013-01-01-JFK", 10, AlertState::Firing),
+            // A copy of a raised alert (the table is exactly-once; the topic is not).
+            alert("B63-2013-01-01-JFK", 10, AlertState::Firing),
+            alert("DL4-2013-01-02-LGA", 5, AlertState::Firing),
+        ];
+        let board = alert_board(&rows, Some("2013-01-01"));
+        let open: Vec<&str> = board["open"]
+            .as_array()
+            .expect("open")
+            .iter()
+            .map(|alert| alert["flightKey"].as_str().unwrap_or_default())
+            .collect();
+        assert_eq!(open, ["B63-2013-01-01-JFK", "AA2-2013-01-01-JFK"]);
+        assert_eq!(
+            (board["raised"].as_u64(), board["resolved"].as_u64()),
+            (Some(3), Some(1))
+        );
+        assert_eq!(alert_board(&rows, None)["open"].as_array().map(Vec::len), Some(3));
+        assert_eq!(alert_board(&rows, Some(" "))["raised"].as_u64(), Some(4));
+    }
 }

@@ -5,7 +5,8 @@
 //! require, whatever was killed: every sent event is accepted (`events`) or late (`late_events`);
 //! `events` holds one row per event; `flight_states` holds versions 1..n of each flight, once
 //! each, where n is the number of its accepted events; the Cosmos document of each flight has
-//! version n; `serving_changes` holds each change `(id, _lsn)` once and has reached version n.
+//! version n; `serving_changes` holds each change `(id, _lsn)` once and has reached version n;
+//! `alerts` holds each alert raised once and its resolution at most once.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -24,6 +25,8 @@ pub struct Observed {
     pub states: Vec<(String, i64)>,
     /// Delta `serving_changes`: (id, lsn, version).
     pub changes: Vec<(String, i64, Option<i64>)>,
+    /// Delta `alerts`: (alert id, state `FIRING` | `RESOLVED`).
+    pub alerts: Vec<(String, String)>,
 }
 
 /// One check's outcome.
@@ -52,6 +55,10 @@ pub struct Report {
     pub change_rows: usize,
     /// Cosmos documents.
     pub documents: usize,
+    /// Alerts raised (rows of `alerts` in state `FIRING`).
+    pub alerts_raised: usize,
+    /// Alerts resolved (rows of `alerts` in state `RESOLVED`).
+    pub alerts_resolved: usize,
     /// The checks.
     pub checks: Vec<Check>,
 }
@@ -219,6 +226,36 @@ pub fn evaluate(sent: &HashSet<(String, String)>, observed: &Observed) -> Report
         format!("{} rows", observed.changes.len()),
     ));
 
+    // alerts: each alert raised once and resolved at most once, never resolved before raised.
+    let mut alert_rows: HashSet<(&str, &str)> = HashSet::new();
+    let mut alert_problems = Vec::new();
+    for (id, state) in &observed.alerts {
+        if !alert_rows.insert((id, state)) {
+            alert_problems.push(format!("{id} {state}: twice"));
+        }
+        if !matches!(state.as_str(), "FIRING" | "RESOLVED") {
+            alert_problems.push(format!("{id}: unknown state {state:?}"));
+        }
+    }
+    for (id, state) in &alert_rows {
+        if *state == "RESOLVED" && !alert_rows.contains(&(*id, "FIRING")) {
+            alert_problems.push(format!("{id}: resolved but never raised"));
+        }
+    }
+    let raised = alert_rows.iter().filter(|(_, state)| *state == "FIRING").count();
+    let resolved = alert_rows
+        .iter()
+        .filter(|(_, state)| *state == "RESOLVED")
+        .count();
+    checks.push(check(
+        "alerts: each raised once, resolved at most once, after it was raised",
+        alert_problems,
+        format!(
+            "{raised} raised, {resolved} resolved, {} open",
+            raised - resolved.min(raised)
+        ),
+    ));
+
     Report {
         events_sent: sent.len(),
         events_rows: observed.events.len(),
@@ -226,6 +263,8 @@ pub fn evaluate(sent: &HashSet<(String, String)>, observed: &Observed) -> Report
         state_rows: observed.states.len(),
         change_rows: observed.changes.len(),
         documents: documents.len(),
+        alerts_raised: raised,
+        alerts_resolved: resolved,
         checks,
     }
 }
@@ -347,6 +386,24 @@ mod tests {
             .push(("UA0-2013-01-01-EWR".to_owned(), "e0".to_owned(), 1, 5));
         let report = evaluate(&sent, &late_twice);
         assert_eq!(failed(&report), vec!["late_events: one row per late delivery"]);
+
+        const ALERTS: &str = "alerts: each raised once, resolved at most once, after it was raised";
+        let row = |id: &str, state: &str| (id.to_owned(), state.to_owned());
+        let mut alerts = base.clone();
+        alerts.alerts = vec![
+            row("UA1-2013-01-01-EWR/DEPARTURE_OVERDUE", "FIRING"),
+            row("UA1-2013-01-01-EWR/DEPARTURE_OVERDUE", "RESOLVED"),
+            row("UA2-2013-01-01-EWR/DEPARTURE_OVERDUE", "FIRING"),
+        ];
+        let report = evaluate(&sent, &alerts);
+        assert!(report.passed(), "{:#?}", report.checks);
+        assert_eq!((report.alerts_raised, report.alerts_resolved), (2, 1));
+        let mut resolved_twice = alerts.clone();
+        resolved_twice.alerts.push(alerts.alerts[1].clone());
+        assert_eq!(failed(&evaluate(&sent, &resolved_twice)), vec![ALERTS]);
+        let mut never_raised = alerts.clone();
+        never_raised.alerts.remove(0);
+        assert_eq!(failed(&evaluate(&sent, &never_raised)), vec![ALERTS]);
     }
 
     #[test]

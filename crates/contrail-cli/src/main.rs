@@ -9,6 +9,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod admin;
+mod alerts;
 mod board;
 mod check;
 mod flights;
@@ -46,6 +47,8 @@ enum Command {
     Flights(flights::FlightsArgs),
     /// Serve the live flight board over a running platform's stores.
     Board(board::BoardArgs),
+    /// Follow operational alerts (DEPARTURE_OVERDUE raised and resolved) from the alerts topic.
+    Alerts(alerts::AlertsArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell) to standard output,
     /// e.g. `contrail completions bash > ~/.local/share/bash-completion/completions/contrail`.
     Completions {
@@ -75,6 +78,7 @@ fn main() -> ExitCode {
             Command::Admin(args) => admin::run(args).await,
             Command::Flights(args) => flights::run(args).await,
             Command::Board(args) => board::run(args).await,
+            Command::Alerts(args) => alerts::run(args).await,
             Command::Completions { .. } => Ok(()),
         }
     });

@@ -144,6 +144,32 @@ impl Stores {
         }
     }
 
+    /// Every row of the Delta `alerts` table (raised and resolved), decoded from its record.
+    pub async fn alerts(&self) -> Result<Vec<contrail_proto::v1::Alert>> {
+        let scan = scan(
+            &self.delta_root,
+            &HashMap::new(),
+            Table::Alerts,
+            None,
+            &["record"],
+        )
+        .await?;
+        let mut alerts = Vec::new();
+        for batch in scan.batches() {
+            let records = batch
+                .column_by_name("record")
+                .and_then(|column| column.as_any().downcast_ref::<BinaryArray>())
+                .context("alerts has no binary column `record`")?;
+            for row in 0..records.len() {
+                alerts.push(
+                    contrail_proto::v1::Alert::decode(records.value(row))
+                        .context("an alerts record is not an Alert")?,
+                );
+            }
+        }
+        Ok(alerts)
+    }
+
     /// A flight's states from the Delta `flight_states` table, by version.
     pub async fn history(&self, key: &str) -> Result<Vec<Value>> {
         let date = service_date(key)?;
@@ -199,7 +225,18 @@ impl Stores {
             &["id", "lsn", "version"],
         )
         .await?;
+        let alerts = scan(root, &none, Table::Alerts, None, &["alert_id", "state"]).await?;
         let mut observed = Observed::default();
+        for batch in alerts.batches() {
+            for (id, state) in strings(batch, "alert_id")?
+                .into_iter()
+                .zip(strings(batch, "state")?)
+            {
+                observed
+                    .alerts
+                    .push((id.unwrap_or_default(), state.unwrap_or_default()));
+            }
+        }
         for batch in events.batches() {
             for (key, id) in strings(batch, "flight_key")?
                 .into_iter()

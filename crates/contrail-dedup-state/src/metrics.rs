@@ -12,6 +12,8 @@ pub struct DedupMetrics {
     pub verdicts: IntCounterVec,
     /// User timers fired, by kind.
     pub timers_fired: IntCounter,
+    /// Alerts emitted, by state: `firing`, `resolved` (reprocessing after a restore counts again).
+    pub alerts: IntCounterVec,
     /// State entries evicted by TTL (values and dedup entries).
     pub evicted: IntCounter,
     /// Micro-batches committed (one RocksDB write batch each per shard).
@@ -53,6 +55,11 @@ impl DedupMetrics {
                 &["verdict"],
             ),
             timers_fired: registry.counter("contrail_dedup_timers_fired_total", "User timers fired"),
+            alerts: registry.counter_vec(
+                "contrail_dedup_alerts_total",
+                "Alerts emitted to the alerts topic, by state: firing, resolved",
+                &["state"],
+            ),
             evicted: registry.counter("contrail_dedup_evicted_total", "State entries evicted by TTL"),
             commits: registry.counter(
                 "contrail_dedup_commits_total",
@@ -117,6 +124,9 @@ impl DedupMetrics {
         // (the checkpoint alert's `increase`) also holds for a stage that never completed one.
         for outcome in ["complete", "incomplete", "failed"] {
             metrics.checkpoints.with_label_values(&[outcome]);
+        }
+        for state in ["firing", "resolved"] {
+            metrics.alerts.with_label_values(&[state]);
         }
         metrics
     }

@@ -10,7 +10,7 @@
 use contrail_common::dead_letter::Unprocessable;
 use contrail_flight::flight::{self, LateReason, Rules, Verdict};
 use contrail_proto::state::v1::FlightKeyState;
-use contrail_proto::v1::{Alert, OperationalEvent, SourcePosition};
+use contrail_proto::v1::{Alert, AlertState, OperationalEvent, SourcePosition};
 use contrail_state::{InputRecord, KeyContext, StateError, StatefulProcessor, TimeDomain, Timer};
 use prost::Message;
 
@@ -41,6 +41,8 @@ pub struct FlightProcessor {
     metrics: Option<DedupMetrics>,
     /// The broker's message limit: no output may be larger.
     max_message_bytes: usize,
+    /// The last alert's place in the input: `(input offset, index)` (see [`Alert::emitted_index`]).
+    last_alert: Option<(i64, u32)>,
 }
 
 impl FlightProcessor {
@@ -58,7 +60,31 @@ impl FlightProcessor {
             partition,
             metrics,
             max_message_bytes,
+            last_alert: None,
         }
+    }
+
+    /// Emits `alert` (raised or resolved) with its place in the shard's input: after the record
+    /// at [`KeyContext::input_offset`], numbered from 0 among the alerts emitted there. Processing
+    /// is deterministic, so a replay numbers them the same way.
+    fn emit_alert(&mut self, context: &mut KeyContext<'_>, mut alert: Alert) {
+        let offset = context.input_offset().unwrap_or(-1);
+        let index = match self.last_alert {
+            Some((last, index)) if last == offset => index + 1,
+            _ => 0,
+        };
+        self.last_alert = Some((offset, index));
+        alert.emitted_after_offset = offset;
+        alert.emitted_index = index;
+        if let Some(metrics) = &self.metrics {
+            let state = match alert.state() {
+                AlertState::Firing => "firing",
+                AlertState::Resolved => "resolved",
+            };
+            metrics.alerts.with_label_values(&[state]).inc();
+        }
+        let key = context.key().to_vec();
+        context.emit(&self.topics.alerts, &key, alert.encode_to_vec());
     }
 
     fn count(&self, verdict: &str) {
@@ -87,6 +113,24 @@ impl FlightProcessor {
             partition: self.partition,
             offset,
         }
+    }
+}
+
+/// A DEPARTURE_OVERDUE alert of `flight_key` fired at `fired_at_us`; `message` follows the key.
+fn overdue_alert(
+    flight_key: &str,
+    fired_at_us: i64,
+    message: String,
+    input: Option<SourcePosition>,
+) -> Alert {
+    Alert {
+        alert_id: format!("{flight_key}/{DEPARTURE_OVERDUE}"),
+        kind: DEPARTURE_OVERDUE.to_owned(),
+        flight_key: flight_key.to_owned(),
+        fired_at_us,
+        message: format!("{flight_key} {message}"),
+        input,
+        ..Alert::default()
     }
 }
 
@@ -160,11 +204,15 @@ impl StatefulProcessor for FlightProcessor {
             }
             Verdict::Accepted { state } => {
                 self.count("accepted");
-                let Some(key_state) = key_state else {
+                let Some(mut key_state) = key_state else {
                     return Err(StateError::Processor(
                         "decide accepted without a key state".to_owned(),
                     ));
                 };
+                let resolution = flight::resolves_overdue(&key_state, &state);
+                if resolution.is_some() {
+                    key_state.overdue_resolved = true;
+                }
                 context.set(
                     FLIGHT_STATE,
                     &key_state,
@@ -175,6 +223,20 @@ impl StatefulProcessor for FlightProcessor {
                     None => context.delete_timer(OVERDUE_TIMER, TimeDomain::EventTime),
                 }
                 context.emit(&self.topics.curated, record.key, state.encode_to_vec());
+                if let Some(resolution) = resolution {
+                    let resolved = Alert {
+                        state: AlertState::Resolved as i32,
+                        resolved_at_us: event.event_time_us,
+                        resolution: resolution.to_owned(),
+                        ..overdue_alert(
+                            &state.flight_key,
+                            key_state.overdue_fired_at_us,
+                            format!("is no longer overdue: {}", resolution.to_lowercase()),
+                            Some(position.clone()),
+                        )
+                    };
+                    self.emit_alert(context, resolved);
+                }
                 let mut accepted = event;
                 accepted.input = Some(position);
                 context.emit(&self.topics.accepted, record.key, accepted.encode_to_vec());
@@ -198,28 +260,25 @@ impl StatefulProcessor for FlightProcessor {
             return Ok(());
         }
         key_state.overdue_alerted = true;
+        key_state.overdue_fired_at_us = timer.fire_at_us;
         context.set(
             FLIGHT_STATE,
             &key_state,
             Some(flight::record_expiry(&key_state, &self.rules)),
         );
-        let alert = Alert {
-            alert_id: format!("{}/{DEPARTURE_OVERDUE}", current.flight_key),
-            kind: DEPARTURE_OVERDUE.to_owned(),
-            flight_key: current.flight_key.clone(),
-            fired_at_us: timer.fire_at_us,
-            message: format!(
-                "{} has not left the gate {} minutes after its scheduled departure",
-                current.flight_key,
+        let alert = overdue_alert(
+            &current.flight_key,
+            timer.fire_at_us,
+            format!(
+                "has not left the gate {} minutes after its scheduled departure",
                 self.rules.overdue_after_us / 60_000_000
             ),
-            input: current.input.clone(),
-        };
+            current.input.clone(),
+        );
         if let Some(metrics) = &self.metrics {
             metrics.timers_fired.inc();
         }
-        let key = context.key().to_vec();
-        context.emit(&self.topics.alerts, &key, alert.encode_to_vec());
+        self.emit_alert(context, alert);
         Ok(())
     }
 }
@@ -411,5 +470,130 @@ mod tests {
             ["ops.flights.curated", "ops.events.accepted"],
             "one state and one accepted event"
         );
+    }
+
+    /// Two flights overdue after one record, then one departs (twice: a correction) and the other
+    /// is cancelled: each alert is raised once and resolved once, numbered by where in the input it
+    /// was emitted, and splitting the input into other batches changes no byte of any alert.
+    #[test]
+    fn overdue_alerts_resolve_once_and_carry_their_place_in_the_input() {
+        use contrail_proto::v1::{EventData, EventType};
+        const MINUTE: i64 = 60_000_000;
+        let base = 1_357_020_000_000_000;
+        let event = |id: &str, flight: &str, kind: EventType, minute: i64| OperationalEvent {
+            event_id: id.to_owned(),
+            r#type: kind as i32,
+            event_time_us: base + minute * MINUTE,
+            flight_key: flight.to_owned(),
+            data: Some(EventData {
+                scheduled_out_us: (kind == EventType::Scheduled).then_some(base + 60 * MINUTE),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let events = [
+            event("a1", "AA1-2013-01-01-JFK", EventType::Scheduled, 0),
+            event("b1", "B61-2013-01-01-JFK", EventType::Scheduled, 1),
+            // Moves the watermark (max event time − 60 min) past both flights' scheduled out + 15.
+            event("a2", "AA1-2013-01-01-JFK", EventType::Delayed, 140),
+            event("a3", "AA1-2013-01-01-JFK", EventType::Out, 141),
+            event("a4", "AA1-2013-01-01-JFK", EventType::Out, 142),
+            event("b2", "B61-2013-01-01-JFK", EventType::Cancelled, 143),
+        ];
+        let payloads: Vec<Vec<u8>> = events.iter().map(|event| event.encode_to_vec()).collect();
+        let inputs: Vec<InputRecord<'_>> = events
+            .iter()
+            .zip(&payloads)
+            .enumerate()
+            .map(|(offset, (event, payload))| InputRecord {
+                key: event.flight_key.as_bytes(),
+                payload,
+                offset: 100 + offset as i64,
+            })
+            .collect();
+        let config = EngineConfig {
+            allowed_lateness_us: 60 * MINUTE,
+        };
+        let alerts_of = |splits: &[usize]| -> Vec<Vec<u8>> {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let mut shard = Shard::open(&dir.path().join("s"), 0).expect("open");
+            let mut processor = FlightProcessor::new(Rules::default(), topics(), 0, None, 1_000_000);
+            let mut alerts = Vec::new();
+            let mut start = 0;
+            for end in splits.iter().copied().chain([inputs.len()]) {
+                let result = shard
+                    .process_batch(&inputs[start..end], &mut processor, &config, 0)
+                    .expect("batch");
+                alerts.extend(
+                    result
+                        .outputs
+                        .into_iter()
+                        .filter(|(_, output)| output.topic == topics().alerts)
+                        .map(|(_, output)| output.payload),
+                );
+                start = end;
+            }
+            alerts
+        };
+        let alerts = alerts_of(&[]);
+        let decoded: Vec<(String, AlertState, i64, i64, u32, String)> = alerts
+            .iter()
+            .map(|bytes| {
+                let alert = Alert::decode(bytes.as_slice()).expect("an alert");
+                assert_eq!(
+                    alert.alert_id,
+                    format!("{}/{DEPARTURE_OVERDUE}", alert.flight_key)
+                );
+                assert_eq!(alert.fired_at_us, base + 75 * MINUTE, "{alert:?}");
+                (
+                    alert.flight_key.clone(),
+                    alert.state(),
+                    alert.resolved_at_us,
+                    alert.emitted_after_offset,
+                    alert.emitted_index,
+                    alert.resolution.clone(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            decoded,
+            [
+                (
+                    "AA1-2013-01-01-JFK".to_owned(),
+                    AlertState::Firing,
+                    0,
+                    102,
+                    0,
+                    String::new()
+                ),
+                (
+                    "B61-2013-01-01-JFK".to_owned(),
+                    AlertState::Firing,
+                    0,
+                    102,
+                    1,
+                    String::new()
+                ),
+                (
+                    "AA1-2013-01-01-JFK".to_owned(),
+                    AlertState::Resolved,
+                    base + 141 * MINUTE,
+                    103,
+                    0,
+                    "DEPARTED".to_owned()
+                ),
+                (
+                    "B61-2013-01-01-JFK".to_owned(),
+                    AlertState::Resolved,
+                    base + 143 * MINUTE,
+                    105,
+                    0,
+                    "CANCELLED".to_owned()
+                ),
+            ]
+        );
+        for splits in [&[1, 3, 4][..], &[3], &[2, 5]] {
+            assert_eq!(alerts_of(splits), alerts, "batches split at {splits:?}");
+        }
     }
 }

@@ -79,6 +79,8 @@ pub struct TopicsConfig {
     pub late: String,
     /// → table `serving_changes`.
     pub changes: String,
+    /// → table `alerts` (raised and resolved).
+    pub alerts: String,
     /// Records that cannot be archived (undecodable, no identity, no valid date).
     pub dlq: String,
     /// Create missing topics at start (local development; off against Event Hubs).
@@ -94,6 +96,7 @@ impl Default for TopicsConfig {
             curated: topics::CURATED.to_owned(),
             late: topics::LATE.to_owned(),
             changes: topics::CHANGES.to_owned(),
+            alerts: topics::ALERTS.to_owned(),
             dlq: topics::DLQ.to_owned(),
             create: true,
             partitions: 4,
@@ -109,6 +112,7 @@ impl TopicsConfig {
             (Table::FlightStates, &self.curated),
             (Table::LateEvents, &self.late),
             (Table::ServingChanges, &self.changes),
+            (Table::Alerts, &self.alerts),
         ]
         .into_iter()
         .filter(|(_, topic)| !topic.trim().is_empty())
@@ -253,7 +257,7 @@ mod tests {
     fn defaults_are_valid_and_name_every_table() {
         let config = DeltaArchiverConfig::default();
         config.validate().expect("defaults valid");
-        assert_eq!(config.topics.tables().len(), 4);
+        assert_eq!(config.topics.tables().len(), Table::ALL.len());
     }
 
     #[test]
@@ -286,6 +290,6 @@ mod tests {
             contrail_common::config::load_from(Some(&path), no_environment).expect("example parses");
         assert_eq!(config.validate(), Ok(()));
         assert!(config.delta_root.starts_with("abfss://"));
-        assert_eq!(config.topics.tables().len(), 4);
+        assert_eq!(config.topics.tables().len(), Table::ALL.len());
     }
 }

@@ -6,6 +6,7 @@
 //! | `ops.flights.curated` | `flight_states` | `(flight_key, version)` |
 //! | `ops.events.late` | `late_events` | late raw record |
 //! | `ops.flights.changes` | `serving_changes` | `(id, _lsn)` |
+//! | `ops.alerts` | `alerts` | alert raised or resolved, `(alert_id, state)` |
 //!
 //! Exactly-once, as kafka-delta-ingest does it: progress lives in the tables, not in the consumer
 //! group. Every commit carries a `txn` action per `(table, topic, partition)` whose version is the

@@ -4,7 +4,9 @@
 use std::sync::Arc;
 
 use chrono::{DateTime, NaiveDate};
-use contrail_proto::v1::{EventType, FlightState, OperationalEvent, ServingChange, SourcePosition};
+use contrail_proto::v1::{
+    Alert, AlertState, EventType, FlightState, OperationalEvent, ServingChange, SourcePosition,
+};
 use deltalake::arrow::array::{
     ArrayRef, BinaryBuilder, Date32Builder, Int32Builder, Int64Builder, ListBuilder, StringBuilder,
     TimestampMicrosecondBuilder,
@@ -104,6 +106,56 @@ pub fn decode(table: Table, position: KafkaPosition, payload: &[u8]) -> Result<R
                 body: Body::Change(Box::new(change), version),
             })
         }
+        Table::Alerts => {
+            let alert =
+                Alert::decode(payload).map_err(|error| format!("not a {}: {error}", table.message()))?;
+            if alert.alert_id.is_empty() {
+                return Err("Alert without alert_id".to_owned());
+            }
+            let date = DateTime::from_timestamp_micros(alert.fired_at_us)
+                .map(|time| days_since_epoch(time.date_naive()))
+                .ok_or_else(|| {
+                    format!(
+                        "alert {:?}: fired_at_us {} out of range",
+                        alert.alert_id, alert.fired_at_us
+                    )
+                })?;
+            let origin = alert_origin(&alert)?;
+            Ok(Row {
+                origin,
+                date,
+                position,
+                record: payload.to_vec(),
+                body: Body::Alert(Box::new(alert)),
+            })
+        }
+    }
+}
+
+/// Alerts emitted after one input record at most (see [`alert_origin`]).
+pub const ALERTS_PER_INPUT_RECORD: i64 = 1 << 20;
+
+/// The origin of an alert: its raw partition, and its place there — dedup-state emits alerts (from
+/// timers, not one per input record) in increasing `(emitted_after_offset, emitted_index)`,
+/// packed into one position.
+fn alert_origin(alert: &Alert) -> Result<Origin, String> {
+    let input = alert.input.as_ref().filter(|input| !input.topic.is_empty());
+    let index = i64::from(alert.emitted_index);
+    let offset = alert.emitted_after_offset;
+    let position = (index < ALERTS_PER_INPUT_RECORD)
+        .then(|| offset.checked_mul(ALERTS_PER_INPUT_RECORD))
+        .flatten()
+        .filter(|_| offset >= 0)
+        .map(|base| base + index);
+    match (input, position) {
+        (Some(input), Some(position)) => Ok(Origin {
+            source: format!("{}:{}", input.topic, input.partition),
+            position,
+        }),
+        _ => Err(format!(
+            "alert {:?} carries no input position and place (emitted after offset {}, index {};              dedup-state sets both): it cannot be archived exactly once",
+            alert.alert_id, alert.emitted_after_offset, alert.emitted_index
+        )),
     }
 }
 
@@ -139,6 +191,7 @@ enum Body {
     Late(Box<OperationalEvent>),
     State(Box<FlightState>),
     Change(Box<ServingChange>, Option<i64>),
+    Alert(Box<Alert>),
 }
 
 /// The origin of a dedup-state output: the raw-topic partition and offset of the input record
@@ -320,6 +373,26 @@ fn change_cells<'a>(row: &'a Row, change: &'a ServingChange, version: Option<i64
     ]
 }
 
+fn alert_cells<'a>(row: &'a Row, alert: &'a Alert) -> Vec<Cell<'a>> {
+    let resolved = alert.state() == AlertState::Resolved;
+    let input = alert.input.as_ref();
+    vec![
+        Cell::Str(Some(&alert.alert_id)),
+        Cell::Str(non_empty(&alert.kind)),
+        Cell::Str(Some(if resolved { "RESOLVED" } else { "FIRING" })),
+        Cell::Str(non_empty(&alert.flight_key)),
+        Cell::Timestamp(Some(alert.fired_at_us)),
+        Cell::Date(row.date),
+        Cell::Timestamp(resolved.then_some(alert.resolved_at_us)),
+        Cell::Str(non_empty(&alert.resolution)),
+        Cell::Str(non_empty(&alert.message)),
+        Cell::Int(input.map(|i| i.partition)),
+        Cell::Long(input.map(|i| i.offset)),
+        Cell::Long(Some(alert.emitted_after_offset)),
+        Cell::Int(Some(alert.emitted_index as i32)),
+    ]
+}
+
 impl Row {
     fn cells(&self) -> Vec<Cell<'_>> {
         let mut cells = match &self.body {
@@ -331,6 +404,7 @@ impl Row {
             }
             Body::State(state) => state_cells(self, state),
             Body::Change(change, version) => change_cells(self, change, *version),
+            Body::Alert(alert) => alert_cells(self, alert),
         };
         cells.extend([
             Cell::Str(Some(&self.position.topic)),
@@ -556,6 +630,59 @@ mod tests {
                 .value(0),
             3
         );
+    }
+
+    #[test]
+    fn alerts_come_from_their_raw_partition_ordered_by_where_they_were_emitted() {
+        let raised = Alert {
+            alert_id: "UA1545-2013-01-01-EWR/DEPARTURE_OVERDUE".to_owned(),
+            kind: "DEPARTURE_OVERDUE".to_owned(),
+            flight_key: "UA1545-2013-01-01-EWR".to_owned(),
+            fired_at_us: 1_357_050_600_000_000,
+            input: Some(SourcePosition {
+                topic: "ops.events.raw".to_owned(),
+                partition: 3,
+                offset: 10,
+            }),
+            emitted_after_offset: 12,
+            emitted_index: 1,
+            ..Alert::default()
+        };
+        let resolved = Alert {
+            state: AlertState::Resolved as i32,
+            resolved_at_us: 1_357_051_000_000_000,
+            resolution: "DEPARTED".to_owned(),
+            emitted_after_offset: 13,
+            emitted_index: 0,
+            ..raised.clone()
+        };
+        let first = decode(Table::Alerts, position(0), &raised.encode_to_vec()).expect("raised");
+        let second = decode(Table::Alerts, position(1), &resolved.encode_to_vec()).expect("resolved");
+        assert_eq!(first.origin.source, "ops.events.raw:3");
+        assert_eq!(first.origin.position, 12 * ALERTS_PER_INPUT_RECORD + 1);
+        assert!(
+            second.origin.position > first.origin.position,
+            "emitted later, placed later"
+        );
+        let batch =
+            record_batch(Table::Alerts, arrow_schema(Table::Alerts), &[&first, &second]).expect("batch");
+        let states = batch.column_by_name("state").expect("state").clone();
+        assert_eq!(states.as_string::<i32>().value(0), "FIRING");
+        assert_eq!(states.as_string::<i32>().value(1), "RESOLVED");
+        let resolved_at = batch.column_by_name("resolved_at").expect("resolved_at").clone();
+        assert!(resolved_at.is_null(0), "a raised alert is not resolved");
+        assert!(!resolved_at.is_null(1));
+        let unplaced = Alert {
+            emitted_after_offset: -1,
+            ..raised.clone()
+        };
+        let error = decode(Table::Alerts, position(2), &unplaced.encode_to_vec()).expect_err("no place");
+        assert!(error.contains("cannot be archived exactly once"), "{error}");
+        let overfull = Alert {
+            emitted_index: ALERTS_PER_INPUT_RECORD as u32,
+            ..raised
+        };
+        assert!(decode(Table::Alerts, position(3), &overfull.encode_to_vec()).is_err());
     }
 
     #[test]

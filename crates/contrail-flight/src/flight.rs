@@ -138,6 +138,8 @@ pub fn decide(
         accepted: 0,
         overdue_alerted: false,
         seen: Vec::new(),
+        overdue_resolved: false,
+        overdue_fired_at_us: 0,
     });
     state.seen.retain(|seen| seen.expires_at_us > shard_watermark_us);
     state.seen.push(SeenEvent {
@@ -206,6 +208,27 @@ pub fn overdue_timer(state: &FlightState, alerted: bool, rules: &Rules) -> Optio
 /// Whether the overdue rule still holds when its timer fires at `fire_at_us`.
 pub fn is_overdue(state: &FlightState, fire_at_us: i64, rules: &Rules) -> bool {
     overdue_timer(state, false, rules) == Some(fire_at_us)
+}
+
+/// How a raised DEPARTURE_OVERDUE alert ends: `CANCELLED` once the flight is cancelled, else
+/// `DEPARTED` once it has an actual out time; `None` while it is still overdue.
+pub fn overdue_resolution(state: &FlightState) -> Option<&'static str> {
+    if state.status == status::CANCELLED {
+        Some(status::CANCELLED)
+    } else if state.actual_out_us.is_some() {
+        Some(status::DEPARTED)
+    } else {
+        None
+    }
+}
+
+/// Whether accepting the event that produced `state` resolves the flight's alert: it was raised,
+/// not resolved yet, and the flight has now departed or is cancelled. Returns how it ended.
+pub fn resolves_overdue(key_state: &FlightKeyState, state: &FlightState) -> Option<&'static str> {
+    if !key_state.overdue_alerted || key_state.overdue_resolved {
+        return None;
+    }
+    overdue_resolution(state)
 }
 
 /// When a flight's stored record is deleted: `dedup_ttl` after its last event (at least
@@ -588,6 +611,33 @@ mod tests {
         state.status = status::DEPARTED.to_owned();
         state.actual_out_us = Some(620 * MINUTE);
         assert!(!is_overdue(&state, 615 * MINUTE, &rules));
+    }
+
+    #[test]
+    fn a_raised_overdue_alert_resolves_once_at_departure_or_cancellation() {
+        let mut state = FlightState {
+            scheduled_out_us: Some(600 * MINUTE),
+            status: status::BOARDING.to_owned(),
+            ..FlightState::default()
+        };
+        let mut key_state = FlightKeyState::default();
+        assert_eq!(overdue_resolution(&state), None, "still at the gate");
+        state.actual_out_us = Some(640 * MINUTE);
+        state.status = status::DEPARTED.to_owned();
+        assert_eq!(
+            resolves_overdue(&key_state, &state),
+            None,
+            "never raised: nothing to resolve"
+        );
+        key_state.overdue_alerted = true;
+        assert_eq!(resolves_overdue(&key_state, &state), Some(status::DEPARTED));
+        key_state.overdue_resolved = true;
+        assert_eq!(resolves_overdue(&key_state, &state), None, "resolved once only");
+        let cancelled = FlightState {
+            status: status::CANCELLED.to_owned(),
+            ..FlightState::default()
+        };
+        assert_eq!(overdue_resolution(&cancelled), Some(status::CANCELLED));
     }
 
     #[test]

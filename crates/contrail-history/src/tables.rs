@@ -1,4 +1,4 @@
-//! The four history tables (DESIGN §5): their names, partition columns and Delta schemas.
+//! The five history tables (DESIGN §5): their names, partition columns and Delta schemas.
 //!
 //! Every table has typed columns for every field the fold uses, the Kafka position the row was
 //! archived from (`kafka_topic`, `kafka_partition`, `kafka_offset`) and the full record as it was
@@ -18,15 +18,19 @@ pub enum Table {
     /// `serving_changes`: one row per `(id, _lsn)` of the Cosmos DB change feed
     /// (from `ops.flights.changes`).
     ServingChanges,
+    /// `alerts`: one row per alert raised and per resolution, `(alert_id, state)` (from
+    /// `ops.alerts`).
+    Alerts,
 }
 
 impl Table {
     /// Every table.
-    pub const ALL: [Table; 4] = [
+    pub const ALL: [Table; 5] = [
         Table::Events,
         Table::FlightStates,
         Table::LateEvents,
         Table::ServingChanges,
+        Table::Alerts,
     ];
 
     /// The table's directory name under the Delta root.
@@ -36,6 +40,7 @@ impl Table {
             Table::FlightStates => "flight_states",
             Table::LateEvents => "late_events",
             Table::ServingChanges => "serving_changes",
+            Table::Alerts => "alerts",
         }
     }
 
@@ -43,6 +48,7 @@ impl Table {
     pub fn partition_column(self) -> &'static str {
         match self {
             Table::ServingChanges => "change_date",
+            Table::Alerts => "alert_date",
             _ => "service_date",
         }
     }
@@ -53,6 +59,7 @@ impl Table {
             Table::Events | Table::LateEvents => "contrail.v1.OperationalEvent",
             Table::FlightStates => "contrail.v1.FlightState",
             Table::ServingChanges => "contrail.v1.ServingChange",
+            Table::Alerts => "contrail.v1.Alert",
         }
     }
 
@@ -63,6 +70,7 @@ impl Table {
             Table::LateEvents => &[EVENT_COLUMNS, LATE_COLUMNS],
             Table::FlightStates => &[STATE_COLUMNS],
             Table::ServingChanges => &[CHANGE_COLUMNS],
+            Table::Alerts => &[ALERT_COLUMNS],
         };
         data.iter()
             .chain([&POSITION_COLUMNS])
@@ -205,4 +213,23 @@ const CHANGE_COLUMNS: &[(&str, Kind, bool)] = &[
     ("change_date", Date, false),
     ("feed_range", Str, true),
     ("document_json", Str, true),
+];
+
+const ALERT_COLUMNS: &[(&str, Kind, bool)] = &[
+    ("alert_id", Str, false),
+    ("kind", Str, true),
+    // `FIRING` or `RESOLVED`.
+    ("state", Str, false),
+    ("flight_key", Str, true),
+    ("fired_at", Timestamp, true),
+    // The UTC date of `fired_at`, shared by an alert and its resolution.
+    ("alert_date", Date, false),
+    ("resolved_at", Timestamp, true),
+    // `DEPARTED` or `CANCELLED`.
+    ("resolution", Str, true),
+    ("message", Str, true),
+    ("input_partition", Int, true),
+    ("input_offset", Long, true),
+    ("emitted_after_offset", Long, true),
+    ("emitted_index", Int, true),
 ];

@@ -77,6 +77,8 @@ struct Pending {
     lateness_us: i64,
     /// Per time domain, the last committed timer the due-timer scan has passed.
     cursors: [Option<Timer>; 2],
+    /// The offset of the input record being handled, or of the last one handled in this batch.
+    input_offset: Option<i64>,
 }
 
 impl Pending {
@@ -90,6 +92,7 @@ impl Pending {
             progress,
             lateness_us,
             cursors: [None, None],
+            input_offset: None,
         }
     }
 
@@ -125,6 +128,18 @@ impl KeyContext<'_> {
     /// The shard's event-time watermark: max event time − allowed lateness.
     pub fn watermark_us(&self) -> i64 {
         self.pending.watermark_us()
+    }
+
+    /// Where in the shard's input this call happens: the offset of the record being handled, or,
+    /// for a timer, of the record after which it fires (event-time timers fire after the record
+    /// that moved the watermark past them; processing-time timers after the batch's last record,
+    /// or the last committed one when the batch is empty). `None` before the shard's first record.
+    /// Processing is deterministic, so `(input_offset, n-th emission there)` is the same on every
+    /// replay of the input: a processor can give its outputs an increasing position from it.
+    pub fn input_offset(&self) -> Option<i64> {
+        self.pending
+            .input_offset
+            .or_else(|| self.pending.progress.next_offset.map(|next| next - 1))
     }
 
     fn read(&self, family: &'static str, storage_key: &[u8]) -> Result<Option<Vec<u8>>, StateError> {
@@ -443,6 +458,7 @@ impl Shard {
                     String::from_utf8_lossy(record.key).into_owned(),
                 ));
             }
+            pending.input_offset = Some(record.offset);
             let mut context = KeyContext {
                 shard: self,
                 pending: &mut pending,

@@ -127,6 +127,16 @@ pub struct Expected {
     pub duplicates: usize,
     /// DEPARTURE_OVERDUE alerts: (flight key, fire time µs).
     pub alerts: BTreeSet<(String, i64)>,
+    /// Their resolutions: (flight key, fire time µs, event time µs of the accepted event after
+    /// which the flight has departed or is cancelled).
+    pub resolutions: BTreeSet<(String, i64, i64)>,
+}
+
+impl Expected {
+    /// Records on the alerts topic: raised plus resolved.
+    pub fn alert_records(&self) -> usize {
+        self.alerts.len() + self.resolutions.len()
+    }
 }
 
 /// DEPARTURE_OVERDUE fires this long after the scheduled departure (DESIGN §3.6).
@@ -162,7 +172,9 @@ pub fn expect(records: &[RawRecord], rules: OracleRules) -> Expected {
         let mut seen: HashMap<(&str, &str), i64> = HashMap::new();
         // key → overdue timer; keys already alerted.
         let mut timers: BTreeMap<String, i64> = BTreeMap::new();
-        let mut alerted: std::collections::HashSet<String> = std::collections::HashSet::new();
+        // key → when its alert fired; keys whose alert was resolved.
+        let mut alerted: HashMap<String, i64> = HashMap::new();
+        let mut resolved: std::collections::HashSet<String> = std::collections::HashSet::new();
         // A flight's record is kept until dedup_ttl (at least state_ttl) after its newest event.
         let record_ttl = rules.dedup_ttl_us.max(rules.state_ttl_us);
         for record in records {
@@ -210,7 +222,16 @@ pub fn expect(records: &[RawRecord], rules: OracleRules) -> Expected {
                 seen.insert((key, event.event_id.as_str()), time);
                 let accepted = expected.accepted.entry(key.to_owned()).or_default();
                 accepted.push((event.clone(), record.position.clone()));
-                match overdue_at(&expected_final_state(accepted), alerted.contains(key)) {
+                let state = expected_final_state(accepted);
+                // An alert ends once its flight has left the gate or is cancelled.
+                if let Some(fired) = alerted.get(key)
+                    && !resolved.contains(key)
+                    && (state.actual_out_us.is_some() || state.status == "CANCELLED")
+                {
+                    resolved.insert(key.to_owned());
+                    expected.resolutions.insert((key.to_owned(), *fired, time));
+                }
+                match overdue_at(&state, alerted.contains_key(key)) {
                     Some(at) => timers.insert(key.to_owned(), at),
                     None => timers.remove(key),
                 };
@@ -224,8 +245,8 @@ pub fn expect(records: &[RawRecord], rules: OracleRules) -> Expected {
             for (key, at) in due {
                 timers.remove(&key);
                 let state = expected_final_state(&expected.accepted[&key]);
-                if overdue_at(&state, alerted.contains(&key)) == Some(at) {
-                    alerted.insert(key.clone());
+                if overdue_at(&state, alerted.contains_key(&key)) == Some(at) {
+                    alerted.insert(key.clone(), at);
                     expected.alerts.insert((key, at));
                 }
             }
@@ -234,7 +255,7 @@ pub fn expect(records: &[RawRecord], rules: OracleRules) -> Expected {
     expected
 }
 
-/// The identities the Delta tables `events`, `flight_states` and `late_events` must hold exactly
+/// The identities the Delta tables `events`, `flight_states`, `late_events` and `alerts` must hold exactly
 /// once, from the oracle, as `verify_delta.py` joins the identity columns.
 pub fn delta_identities(expected: &Expected) -> BTreeMap<&'static str, Vec<String>> {
     let mut identities = BTreeMap::new();
@@ -261,6 +282,21 @@ pub fn delta_identities(expected: &Expected) -> BTreeMap<&'static str, Vec<Strin
             .late
             .keys()
             .map(|(partition, offset)| format!("{partition}#{offset}"))
+            .collect(),
+    );
+    // `alerts`: (alert_id, state); the alert id is the flight key and the rule (DESIGN §3.6).
+    identities.insert(
+        "alerts",
+        expected
+            .alerts
+            .iter()
+            .map(|(key, _)| format!("{key}/DEPARTURE_OVERDUE#FIRING"))
+            .chain(
+                expected
+                    .resolutions
+                    .iter()
+                    .map(|(key, _, _)| format!("{key}/DEPARTURE_OVERDUE#RESOLVED")),
+            )
             .collect(),
     );
     identities
@@ -399,15 +435,19 @@ pub fn check_outputs(
             &wrong_reasons[..wrong_reasons.len().min(3)]
         ));
     }
-    // Alerts: exactly the expected (flight, fire time) pairs.
-    let got_alerts: BTreeSet<(String, i64)> = alerts
-        .iter()
-        .map(|message| {
-            let alert = contrail_proto::v1::Alert::decode(message.payload().unwrap_or_default())
-                .expect("alerts decode");
-            (alert.flight_key, alert.fired_at_us)
-        })
-        .collect();
+    // Alerts: exactly the expected (flight, fire time) pairs, raised and resolved.
+    let (got_alerts, got_resolutions) = alerts_on_topic(alerts);
+    if got_resolutions != expected.resolutions {
+        problems.push(format!(
+            "alert resolutions: {} expected, {} on the topic, {} missing (e.g. {:?}), {} unexpected (e.g. {:?})",
+            expected.resolutions.len(),
+            got_resolutions.len(),
+            expected.resolutions.difference(&got_resolutions).count(),
+            expected.resolutions.difference(&got_resolutions).next(),
+            got_resolutions.difference(&expected.resolutions).count(),
+            got_resolutions.difference(&expected.resolutions).next(),
+        ));
+    }
     if got_alerts != expected.alerts {
         problems.push(format!(
             "alerts: {} expected, {} on the topic, {} missing (e.g. {:?}), {} unexpected (e.g. {:?})",
@@ -420,6 +460,27 @@ pub fn check_outputs(
         ));
     }
     problems
+}
+
+/// The distinct alerts of records of the alerts topic, as [`Expected`] holds them: raised
+/// `(flight key, fire time)` and resolved `(flight key, fire time, resolution event time)`.
+#[allow(clippy::type_complexity)]
+pub fn alerts_on_topic(messages: &[OwnedMessage]) -> (BTreeSet<(String, i64)>, BTreeSet<(String, i64, i64)>) {
+    let mut raised = BTreeSet::new();
+    let mut resolved = BTreeSet::new();
+    for message in messages {
+        let alert = contrail_proto::v1::Alert::decode(message.payload().unwrap_or_default())
+            .expect("records of the alerts topic decode as Alert");
+        match alert.state() {
+            contrail_proto::v1::AlertState::Firing => {
+                raised.insert((alert.flight_key, alert.fired_at_us));
+            }
+            contrail_proto::v1::AlertState::Resolved => {
+                resolved.insert((alert.flight_key, alert.fired_at_us, alert.resolved_at_us));
+            }
+        }
+    }
+    (raised, resolved)
 }
 
 /// A request with `authorization: <token>`.

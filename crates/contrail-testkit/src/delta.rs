@@ -162,6 +162,7 @@ pub fn identity_columns(table: &str) -> (&'static [&'static str], &'static str) 
         "events" => (&["flight_key", "event_id"], "service_date"),
         "flight_states" => (&["flight_key", "version"], "service_date"),
         "late_events" => (&["input_partition", "input_offset"], "service_date"),
+        "alerts" => (&["alert_id", "state"], "alert_date"),
         _ => (&["id", "lsn"], "change_date"),
     }
 }

@@ -42,6 +42,12 @@ pub(super) fn summary_json(
             "flight_states": report.state_rows,
             "late_events": report.late_rows,
             "serving_changes": report.change_rows,
+            "alerts": report.alerts_raised + report.alerts_resolved,
+        },
+        "alerts": {
+            "raised": report.alerts_raised,
+            "resolved": report.alerts_resolved,
+            "open": report.alerts_raised.saturating_sub(report.alerts_resolved),
         },
         "change_feed_records": report.change_rows,
         "kills": kills,
@@ -88,6 +94,15 @@ pub(super) fn print_summary(summary: &Value, report: &Report) {
             format!("{} (Delta events)", n("accepted_events")),
         ),
         ("late events", format!("{} (Delta late_events)", n("late_events"))),
+        (
+            "overdue alerts",
+            format!(
+                "{} raised, {} resolved, {} open (Delta alerts)",
+                report.alerts_raised,
+                report.alerts_resolved,
+                report.alerts_raised.saturating_sub(report.alerts_resolved)
+            ),
+        ),
         ("flights in Cosmos", n("cosmos_documents").to_string()),
         ("flight_states rows", report.state_rows.to_string()),
         (
