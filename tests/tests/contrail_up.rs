@@ -226,6 +226,77 @@ fn contrail_up_runs_a_recorded_feed_file_with_chaos_and_every_store_is_exactly_o
     let _ = std::fs::remove_dir_all(&feed_dir);
 }
 
+/// `--chaos-keep-going`: once the summary is printed, chaos goes on killing stages while the
+/// platform stays up, and the supervisor restarts every one of them; Ctrl-C still stops cleanly.
+#[test]
+fn chaos_goes_on_after_the_summary_when_asked_and_every_killed_stage_comes_back() {
+    let dir = test_dir("contrail-up-chaos-keep-going");
+    let mut up = UpUnderTest::start(
+        &dir,
+        &[
+            "--from",
+            "2013-03-05",
+            "--to",
+            "2013-03-05",
+            "--limit",
+            "3000",
+            "--chaos",
+            "--chaos-keep-going",
+            "--chaos-interval-s",
+            "1.5",
+            "--chaos-min-kills",
+            "1",
+        ],
+    )
+    .expect("contrail up starts");
+    let summary = up
+        .wait_summary(Duration::from_secs(600))
+        .expect("contrail up settles");
+    assert_eq!(summary["passed"], true, "{:#}", summary["checks"]);
+    let after_summary = |output: &str| -> Vec<String> {
+        output
+            .split_once("chaos: going on while the platform runs")
+            .map(|(_, after)| {
+                after
+                    .lines()
+                    .filter(|line| line.contains("chaos: kill -9"))
+                    .map(str::to_owned)
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let started = std::time::Instant::now();
+    let kills = loop {
+        let kills = after_summary(&up.output());
+        if kills.len() >= 3 {
+            break kills;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "three kills after the summary; output:\n{}",
+            up.output_tail(30)
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    println!("after the summary:\n{}", kills.join("\n"));
+    assert!(
+        kills.iter().all(|line| line.contains("restarted as pid")),
+        "every killed stage was restarted: {kills:?}"
+    );
+    // The board still answers with the platform's phase.
+    let meta = up.meta().expect("the board answers");
+    assert!(
+        meta["phase"].as_str().unwrap_or_default().starts_with("done"),
+        "{meta}"
+    );
+    let status = up.interrupt(Duration::from_secs(90)).expect("stops");
+    assert!(
+        status.success(),
+        "contrail up exited with {status}:\n{}",
+        up.output_tail(30)
+    );
+}
+
 #[test]
 fn contrail_up_without_a_replay_serves_what_your_own_producer_sends() {
     const TOKEN: &str = "no-replay-test-ingest-token-0123456789";
@@ -848,6 +919,98 @@ fn the_flight_board_updates_live_and_shows_a_flights_history_in_chromium() {
         assert_eq!(documents[key]["serviceDate"], "2013-01-02");
     }
 
+    // Local times: each row's scheduled time is its departure in New York (EST in January, UTC−5),
+    // the UTC time on hover.
+    let times: Vec<(String, String, String)> = browser
+        .execute(
+            "return [...document.querySelectorAll('#board tbody tr[data-key]')]\
+               .map(r => { const t = r.querySelector('td.time span.local'); \
+                 return [r.dataset.key, t.dataset.utc, t.innerText.trim()]; })",
+            vec![],
+        )
+        .expect("times");
+    for (key, utc, shown) in &times {
+        assert_eq!(
+            Some(utc.as_str()),
+            documents[key]["scheduledOut"].as_str(),
+            "{key}"
+        );
+        let new_york =
+            chrono::DateTime::parse_from_rfc3339(utc).expect("an RFC 3339 time") - chrono::Duration::hours(5);
+        assert_eq!(
+            shown,
+            &new_york.format("%H:%M").to_string(),
+            "{key}: {utc} in New York"
+        );
+    }
+    // Paging: the count is every EWR departure of the day in Cosmos; the next page shows others.
+    let all = runtime
+        .block_on(query_documents(&containers))
+        .expect("every document");
+    let departures = all
+        .values()
+        .filter(|document| document["origin"] == "EWR" && document["serviceDate"] == "2013-01-02")
+        .count();
+    let count = browser.texts("#count").expect("count");
+    assert_eq!(
+        count[0],
+        format!("1–{} of {departures} flights", keys.len().min(100)),
+        "the count of the whole filter, not of the page"
+    );
+    if departures > 100 {
+        browser.click("#next").expect("next page");
+        browser
+            .wait_for("the second page", Duration::from_secs(30), |browser| {
+                let shown = browser.texts("#count")?;
+                let rows = browser.execute::<Vec<String>>(
+                    "return [...document.querySelectorAll('#board tbody tr[data-key]')].map(r => r.dataset.key)",
+                    vec![],
+                )?;
+                Ok(
+                    if shown[0].starts_with("101–") && rows.iter().all(|row| !keys.contains(row)) {
+                        Probe::Ready(())
+                    } else {
+                        Probe::NotYet(format!("{shown:?}, {} rows", rows.len()))
+                    },
+                )
+            })
+            .expect("page 2");
+        browser.click("#prev").expect("back to page 1");
+    }
+    // Search: a flight by its number, typed as people type it.
+    let wanted = &keys[keys.len() / 3];
+    let flight = &documents[wanted];
+    let typed = format!(
+        "{} {}",
+        flight["carrier"].as_str().unwrap_or_default().to_lowercase(),
+        flight["flightNumber"]
+    );
+    browser
+        .execute::<serde_json::Value>(
+            "const s = document.getElementById('search'); s.value = arguments[0]; s.dispatchEvent(new Event('input')); return null;",
+            vec![serde_json::Value::String(typed.clone())],
+        )
+        .expect("search");
+    browser
+        .wait_for("the searched flight alone", Duration::from_secs(30), |browser| {
+            let rows: Vec<String> = browser.execute(
+                "return [...document.querySelectorAll('#board tbody tr[data-key]')].map(r => r.dataset.key)",
+                vec![],
+            )?;
+            Ok(if rows == [wanted.clone()] {
+                Probe::Ready(())
+            } else {
+                Probe::NotYet(format!("searching {typed:?}: rows {rows:?}"))
+            })
+        })
+        .expect("search by flight number");
+    browser
+        .execute::<serde_json::Value>(
+            "const s = document.getElementById('search'); s.value = ''; s.dispatchEvent(new Event('input')); return null;",
+            vec![],
+        )
+        .expect("clear the search");
+
     // The alerts panel: what /api/alerts says is open for the board's date, and the board marks
     // exactly those of its rows OVERDUE.
     let (open, marked): (BTreeSet<String>, BTreeSet<String>) = browser
@@ -870,7 +1033,8 @@ fn the_flight_board_updates_live_and_shows_a_flights_history_in_chromium() {
                 vec![],
             )?;
             let listed: BTreeSet<String> = listed.into_iter().collect();
-            Ok(if listed == open {
+            let rows = browser.texts("#board tbody tr[data-key]")?.len();
+            Ok(if listed == open && rows == keys.len() {
                 Probe::Ready((open, marked.into_iter().collect()))
             } else {
                 Probe::NotYet(format!("panel {listed:?}, API {open:?}"))

@@ -3,13 +3,21 @@
 //! Delta `flight_states` table.
 //!
 //! - `GET /` the board (one HTML page, refreshing itself every 2 s)
-//! - `GET /api/flights?airport=EWR&mode=departures&carrier=UA&date=2013-01-01&limit=200`
+//! - `GET /api/flights?airport=EWR&mode=departures&carrier=UA&date=2013-01-01&q=1545&offset=0&limit=100`
+//!   one page of the matching flights and their total (`q`: flight number or tail, e.g. `UA1545`,
+//!   `1545`, `N14228`); the Cosmos query behind it runs at most once per [`FLIGHTS_REFRESH`] per
+//!   filter, whatever the number of viewers
 //! - `GET /api/flights/{key}` the serving document; `GET /api/flights/{key}/history` its states
-//! - `GET /api/meta` dates of the replay, and the pipeline's live status under `contrail up`
+//! - `GET /api/meta` dates of the replay, airport time zones (the board shows local times), and
+//!   the pipeline's live status under `contrail up`
+//!
+//! With tokens (`contrail board --token`, required when it listens beyond loopback) every `/api/`
+//! route wants `Authorization: Bearer <token>`; the page itself holds no data and takes the token
+//! from its URL (`http://host:8000/#token=…`), keeping it in the tab's session storage.
 //! - `GET /api/alerts?date=2013-01-01` the open alerts (raised, not resolved) from the Delta
 //!   `alerts` table, read at most once per [`ALERTS_REFRESH`] whatever the number of viewers
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -21,6 +29,8 @@ use axum::http::StatusCode;
 use axum::response::{Html, IntoResponse, Json, Response};
 use axum::routing::get;
 use clap::Args;
+use contrail_common::auth::{AuthDecision, BearerTokens, decide};
+use contrail_common::config::Secret;
 use contrail_proto::v1::{Alert, AlertState};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -52,6 +62,13 @@ pub struct BoardArgs {
     /// The date the board opens on (YYYY-MM-DD).
     #[arg(long, default_value = "2013-01-01")]
     pub date: String,
+    /// Bearer token the board's data routes require (open it as `http://HOST:PORT/#token=…`).
+    /// Required when `--listen` is beyond loopback, unless `--no-auth`. Never printed.
+    #[arg(long, env = "CONTRAIL_BOARD_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// Serve the board beyond loopback without a token (anyone who reaches it sees every flight).
+    #[arg(long, conflicts_with = "token")]
+    pub no_auth: bool,
 }
 
 /// What the board shows besides the stores: the default date and, under `contrail up`, what the
@@ -75,7 +92,19 @@ pub struct Board {
     meta: Arc<RwLock<BoardMeta>>,
     /// The alerts table as last read: one read per [`ALERTS_REFRESH`] for all viewers.
     alerts: Arc<SharedReads<(), Vec<Alert>>>,
+    /// The flights of each filter as last queried: one query per [`FLIGHTS_REFRESH`].
+    flights: Arc<SharedReads<FlightFilter, Vec<Value>>>,
+    /// Tokens the data routes require (none: open).
+    tokens: Arc<BearerTokens>,
+    /// Airport → IANA time zone, for local times on the page.
+    zones: Arc<BTreeMap<String, String>>,
 }
+
+/// How often the board queries Cosmos DB for one filter at most.
+pub const FLIGHTS_REFRESH: Duration = Duration::from_secs(2);
+
+/// Flights one filter may list at most (a month of one airport's departures fits).
+const FLIGHTS_PER_FILTER: usize = 20_000;
 
 /// Reads shared by every viewer: a value per key, read again only when older than the interval;
 /// concurrent requests wait for the one read in progress instead of reading too.
@@ -130,7 +159,21 @@ impl Board {
             stores: Arc::new(tokio::sync::OnceCell::new()),
             meta,
             alerts: Arc::new(SharedReads::new(ALERTS_REFRESH)),
+            flights: Arc::new(SharedReads::new(FLIGHTS_REFRESH)),
+            tokens: Arc::new(BearerTokens::default()),
+            zones: Arc::new(
+                contrail_flightdata::default_data_dir()
+                    .and_then(|dir| contrail_flightdata::TimeZones::load(&dir).ok())
+                    .map(|zones| zones.iana_names())
+                    .unwrap_or_default(),
+            ),
         }
+    }
+
+    /// The board requiring one of `tokens` on its data routes.
+    pub fn with_tokens(mut self, tokens: BearerTokens) -> Board {
+        self.tokens = Arc::new(tokens);
+        self
     }
 
     /// Gives the board its stores (once; later calls are ignored).
@@ -148,14 +191,14 @@ impl Board {
 
     /// The routes.
     pub fn router(self) -> Router {
-        Router::new()
-            .route("/", get(page))
+        let api = Router::new()
             .route("/api/meta", get(meta))
             .route("/api/flights", get(flights))
             .route("/api/flights/{key}", get(flight))
             .route("/api/flights/{key}/history", get(history))
             .route("/api/alerts", get(alerts))
-            .with_state(self)
+            .route_layer(axum::middleware::from_fn_with_state(self.clone(), require_token));
+        Router::new().route("/", get(page)).merge(api).with_state(self)
     }
 }
 
@@ -180,11 +223,29 @@ pub async fn run(args: BoardArgs) -> Result<()> {
         phase: "serving".to_owned(),
         status: Value::Null,
     };
+    let secrets: Vec<Secret> = args.token.iter().map(Secret::new).collect();
+    let tokens = BearerTokens::new(&secrets);
+    match decide(tokens.enabled(), args.no_auth, args.listen.ip().is_loopback()) {
+        AuthDecision::RefuseNoTokens => anyhow::bail!(
+            "--listen {} is beyond loopback: set --token (CONTRAIL_BOARD_TOKEN) so only those who have it \
+             see the flights, or --no-auth to serve them to anyone who reaches it",
+            args.listen
+        ),
+        AuthDecision::OpenByChoice => {
+            eprintln!("contrail: the board serves every flight without a token (--no-auth)")
+        }
+        _ => {}
+    }
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("binding the board to {}", args.listen))?;
-    println!("flight board: http://{}/", listener.local_addr()?);
-    let board = Board::new(stores, Arc::new(RwLock::new(meta)));
+    let suffix = if tokens.enabled() {
+        "#token=<your token>"
+    } else {
+        ""
+    };
+    println!("flight board: http://{}/{suffix}", listener.local_addr()?);
+    let board = Board::new(stores, Arc::new(RwLock::new(meta))).with_tokens(tokens);
     serve(board, listener, async {
         let _ = tokio::signal::ctrl_c().await;
     })
@@ -228,7 +289,33 @@ async fn page() -> Html<&'static str> {
 
 async fn meta(State(board): State<Board>) -> Json<Value> {
     let meta = board.meta.read().await;
-    Json(json!({ "dates": meta.dates, "phase": meta.phase, "status": meta.status }))
+    Json(json!({
+        "dates": meta.dates,
+        "phase": meta.phase,
+        "status": meta.status,
+        "zones": *board.zones,
+    }))
+}
+
+/// Refuses a data route without a valid token (when the board has tokens).
+async fn require_token(
+    State(board): State<Board>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let header = request
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok());
+    match board.tokens.check(header) {
+        Ok(()) => next.run(request).await,
+        Err(error) => (
+            StatusCode::UNAUTHORIZED,
+            [(axum::http::header::WWW_AUTHENTICATE, "Bearer")],
+            Json(json!({ "error": error.to_string() })),
+        )
+            .into_response(),
+    }
 }
 
 /// Query parameters of `/api/flights`.
@@ -238,6 +325,9 @@ struct FlightsQuery {
     mode: Option<String>,
     carrier: Option<String>,
     date: Option<String>,
+    /// Flight number or tail.
+    q: Option<String>,
+    offset: Option<usize>,
     limit: Option<usize>,
 }
 
@@ -252,9 +342,51 @@ async fn flights(
         destination: if arrivals { query.airport } else { None },
         carrier: query.carrier,
     };
-    let limit = query.limit.unwrap_or(300).min(5000);
-    let flights = board.stores().await?.flights(&filter, limit).await?;
-    Ok(Json(json!({ "flights": flights })))
+    let stores = board.stores().await?;
+    let all = board
+        .flights
+        .get(&filter, stores.flights(&filter, FLIGHTS_PER_FILTER))
+        .await?;
+    let offset = query.offset.unwrap_or(0);
+    let limit = query.limit.unwrap_or(100).clamp(1, 1000);
+    let (flights, total) = flights_page(&all, query.q.as_deref(), offset, limit);
+    Ok(Json(
+        json!({ "flights": flights, "total": total, "offset": offset, "limit": limit }),
+    ))
+}
+
+/// The flights matching `search` (flight number with or without carrier, or tail number; case,
+/// spaces and dashes ignored), `limit` of them from `offset`, and how many match.
+pub fn flights_page(
+    flights: &[Value],
+    search: Option<&str>,
+    offset: usize,
+    limit: usize,
+) -> (Vec<Value>, usize) {
+    let normal = |text: &str| -> String {
+        text.chars()
+            .filter(|c| c.is_ascii_alphanumeric())
+            .map(|c| c.to_ascii_uppercase())
+            .collect()
+    };
+    let wanted = search.map(normal).filter(|wanted| !wanted.is_empty());
+    let matches = |flight: &&Value| {
+        let Some(wanted) = &wanted else {
+            return true;
+        };
+        let text = |field: &str| match &flight[field] {
+            Value::String(text) => text.clone(),
+            Value::Number(number) => number.to_string(),
+            _ => String::new(),
+        };
+        let number = text("flightNumber");
+        let flight_id = format!("{}{number}", text("carrier"));
+        *wanted == number || *wanted == normal(&flight_id) || *wanted == normal(&text("tailNumber"))
+    };
+    let matching: Vec<&Value> = flights.iter().filter(matches).collect();
+    let total = matching.len();
+    let shown = matching.into_iter().skip(offset).take(limit).cloned().collect();
+    (shown, total)
 }
 
 async fn flight(State(board): State<Board>, Path(key): Path<String>) -> Result<Response, ApiError> {
@@ -339,6 +471,74 @@ mod tests {
             state: state as i32,
             ..Alert::default()
         }
+    }
+
+    #[test]
+    fn search_finds_a_flight_by_number_or_tail_and_pages_count_every_match() {
+        let flights: Vec<Value> = (0..250)
+            .map(|n| {
+                json!({
+                    "id": format!("UA{n}-2013-01-01-EWR"),
+                    "carrier": if n % 2 == 0 { "UA" } else { "B6" },
+                    "flightNumber": n,
+                    "tailNumber": format!("N{n}UA"),
+                })
+            })
+            .collect();
+        let (shown, total) = flights_page(&flights, None, 200, 100);
+        assert_eq!((shown.len(), total), (50, 250), "the last page holds the rest");
+        assert_eq!(shown[0]["flightNumber"], 200);
+        for search in ["UA 42", "ua-42", "42", "n42ua"] {
+            let (shown, total) = flights_page(&flights, Some(search), 0, 100);
+            assert_eq!(total, 1, "{search}");
+            assert_eq!(shown[0]["flightNumber"], 42, "{search}");
+        }
+        assert_eq!(
+            flights_page(&flights, Some("B6 42"), 0, 100).1,
+            0,
+            "UA42 is not B6's"
+        );
+        assert_eq!(
+            flights_page(&flights, Some("  "), 0, 10).1,
+            250,
+            "blank: everything"
+        );
+    }
+
+    /// With a token, every data route refuses requests without it; the page itself is served.
+    #[tokio::test]
+    async fn a_board_with_a_token_refuses_data_without_it() {
+        let meta = Arc::new(RwLock::new(BoardMeta::default()));
+        let board = Board::starting(meta).with_tokens(BearerTokens::new(&[Secret::new("board-secret")]));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let address = listener.local_addr().expect("address");
+        let server = tokio::spawn(serve(board, listener, std::future::pending()));
+        let client = reqwest::Client::new();
+        let get = |path: &str, token: Option<&str>| {
+            let mut request = client.get(format!("http://{address}{path}"));
+            if let Some(token) = token {
+                request = request.bearer_auth(token);
+            }
+            request.send()
+        };
+        for path in [
+            "/api/meta",
+            "/api/flights",
+            "/api/alerts",
+            "/api/flights/UA1-2013-01-01-EWR",
+        ] {
+            let status = get(path, None).await.expect("answers").status();
+            assert_eq!(status, StatusCode::UNAUTHORIZED, "{path} without a token");
+            let status = get(path, Some("wrong")).await.expect("answers").status();
+            assert_eq!(status, StatusCode::UNAUTHORIZED, "{path} with a wrong token");
+        }
+        let meta = get("/api/meta", Some("board-secret")).await.expect("answers");
+        assert_eq!(meta.status(), StatusCode::OK);
+        let meta: Value = meta.json().await.expect("json");
+        assert_eq!(meta["zones"]["EWR"], "America/New_York");
+        let page = get("/", None).await.expect("answers");
+        assert_eq!(page.status(), StatusCode::OK, "the page holds no data");
+        server.abort();
     }
 
     #[test]

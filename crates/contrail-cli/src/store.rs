@@ -17,7 +17,7 @@ use serde_json::Value;
 use crate::check::Observed;
 
 /// Which flights to list.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct FlightFilter {
     /// Service date `YYYY-MM-DD`.
     pub date: Option<String>,

@@ -78,6 +78,19 @@ impl TimeZones {
             .unwrap_or(chrono_tz::America::New_York)
     }
 
+    /// The time zones of `airports.csv` (in `data_dir`) and of the airports it lacks.
+    pub fn load(data_dir: &Path) -> Result<TimeZones, FlightDataError> {
+        read_time_zones(&data_dir.join("airports.csv"))
+    }
+
+    /// Every known airport's IANA zone name (`EWR` → `America/New_York`).
+    pub fn iana_names(&self) -> std::collections::BTreeMap<String, String> {
+        self.by_airport
+            .iter()
+            .map(|(airport, zone)| (airport.clone(), zone.name().to_owned()))
+            .collect()
+    }
+
     /// Converts a local date and clock time at an airport to UTC. A clock time that does not exist
     /// (the spring-forward gap) is taken an hour later.
     pub fn to_utc(&self, airport: &str, local: NaiveDateTime) -> DateTime<Utc> {
@@ -325,6 +338,19 @@ mod tests {
         assert_eq!(flights[0].departure_delay_minutes, Some(2));
         assert_eq!(flights[1].departure_delay_minutes, None);
         assert_eq!(flights[1].arrival_delay_minutes, None);
+    }
+
+    #[test]
+    fn the_shipped_airports_have_their_iana_zones() {
+        let dir = crate::default_data_dir().expect("the repository's data");
+        let names = TimeZones::load(&dir).expect("airports.csv").iana_names();
+        assert_eq!(names["EWR"], "America/New_York");
+        assert_eq!(names["LAX"], "America/Los_Angeles");
+        assert_eq!(names["HNL"], "Pacific/Honolulu");
+        assert_eq!(
+            names["SJU"], "America/Puerto_Rico",
+            "added where airports.csv lacks it"
+        );
     }
 
     #[test]

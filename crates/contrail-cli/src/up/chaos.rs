@@ -1,6 +1,7 @@
 //! Chaos: `kill -9` of one stage per interval (seeded rounds, so every stage is hit equally
 //! often), and among those kills the broker restarts and dedup-state volume losses asked for;
-//! from the start of the replay until it is done and every stage was killed often enough.
+//! from the start of the replay until it is done and every stage was killed often enough; then,
+//! while the platform stays up after the summary, a `kill -9` per interval again.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -23,6 +24,8 @@ pub(super) struct ChaosSettings {
     pub(super) broker_restarts: u32,
     /// dedup-state volume losses to do.
     pub(super) volume_losses: u32,
+    /// Go on killing after the summary, for as long as the platform runs.
+    pub(super) after_summary: bool,
 }
 
 /// What chaos does next: mostly `kill -9` of one stage (seeded rounds over every stage), and
@@ -94,7 +97,8 @@ impl Chaos {
 }
 
 /// Strikes every `interval` from the start of the replay until it is done and chaos did all it
-/// was asked; then marks chaos done.
+/// was asked; then marks chaos done (the checks may settle). With `after_summary`, strikes again
+/// once the summary is printed, until the platform stops.
 pub(super) fn spawn(up: Up, settings: ChaosSettings) -> tokio::task::JoinHandle<()> {
     let mut chaos = Chaos {
         plan: ChaosPlan::new(settings.seed, STAGES.len()),
@@ -107,10 +111,14 @@ pub(super) fn spawn(up: Up, settings: ChaosSettings) -> tokio::task::JoinHandle<
         // Chaos starts with the replay (the consumers have joined their groups by then).
         up.milestones.replay_running.notified().await;
         tokio::time::sleep(settings.interval).await;
+        let mut after_summary = false;
         loop {
             let line = up.platform.with(|platform| {
                 if platform.stopping {
                     return None; // shutting down (Ctrl-C or a failed replay): restart nothing
+                }
+                if after_summary {
+                    return Some(chaos.strike(platform));
                 }
                 let enough = platform
                     .stages
@@ -130,7 +138,15 @@ pub(super) fn spawn(up: Up, settings: ChaosSettings) -> tokio::task::JoinHandle<
             let over = line.ends_with("stopping chaos");
             up.say(line);
             if over {
-                return;
+                if !settings.after_summary {
+                    return;
+                }
+                up.milestones.summary_printed.notified().await;
+                up.say(format!(
+                    "chaos: going on while the platform runs — a kill -9 every {:.1} s (Ctrl-C stops)",
+                    settings.interval.as_secs_f64()
+                ));
+                after_summary = true;
             }
             tokio::time::sleep(settings.interval).await;
         }

@@ -48,6 +48,8 @@ pub(super) struct Milestones {
     pub(super) chaos_done: AtomicBool,
     /// The run is over: the background tasks end.
     pub(super) finished: AtomicBool,
+    /// The summary is printed and the platform stays up (chaos, if asked, goes on).
+    pub(super) summary_printed: Notify,
 }
 
 impl Milestones {

@@ -75,6 +75,10 @@ pub struct UpArgs {
     /// Seconds between chaos kills.
     #[arg(long, default_value_t = 4.0)]
     chaos_interval_s: f64,
+    /// Under --chaos, go on killing a stage every `--chaos-interval-s` after the summary, for as
+    /// long as the platform stays up (the supervisor restarts each).
+    #[arg(long, requires = "chaos", conflicts_with = "exit")]
+    chaos_keep_going: bool,
     /// Kills per stage before chaos stops after the replay.
     #[arg(long, default_value_t = 2)]
     chaos_min_kills: u32,
@@ -321,6 +325,7 @@ impl Run<'_> {
                     seed: args.feed.seed,
                     broker_restarts: args.chaos_broker_restarts,
                     volume_losses: args.chaos_volume_losses,
+                    after_summary: args.chaos_keep_going,
                 },
             )
         });
@@ -391,9 +396,6 @@ impl Run<'_> {
         // the platform shuts down; the terminal's status line ends here, the board's goes on.
         let _ = status_task.await;
         let board_status = status::spawn_for_the_board(up.clone());
-        if let Some(chaos) = chaos {
-            let _ = chaos.await;
-        }
         status.finish_and_clear();
 
         let (kills, crashes) = up
@@ -439,12 +441,18 @@ impl Run<'_> {
         }
         if !args.exit {
             println!(
-                "\nthe flight board stays up at http://{board_address}/ and the stages stay supervised — Ctrl-C stops everything"
+                "\nthe flight board stays up at http://{board_address}/ and the stages stay supervised{} — Ctrl-C stops everything",
+                if args.chaos_keep_going {
+                    " (and chaos goes on)"
+                } else {
+                    ""
+                }
             );
+            up.milestones.summary_printed.notify_one();
             let _ = tokio::signal::ctrl_c().await;
         }
         // Ends with the platform's shutdown (the caller's), like the board's status line.
-        drop((supervisor, board_status));
+        drop((supervisor, board_status, chaos));
         if !passed {
             bail!(
                 "the exactly-once checks failed (see above; logs in {})",
