@@ -300,15 +300,7 @@ fn chaos_goes_on_after_the_summary_when_asked_and_every_killed_stage_comes_back(
 #[test]
 fn contrail_up_without_a_replay_serves_what_your_own_producer_sends() {
     const TOKEN: &str = "no-replay-test-ingest-token-0123456789";
-    let dir = test_dir("contrail-up-no-replay");
-    let mut up =
-        UpUnderTest::start(&dir, &["--no-replay", "--ingest-token", TOKEN]).expect("contrail up starts");
-    up.wait_phase(
-        "the platform to wait for producers",
-        Duration::from_secs(300),
-        |phase| phase.starts_with("idle"),
-    )
-    .expect("idle");
+    let mut up = idle_platform("contrail-up-no-replay", TOKEN);
     assert!(
         up.output().contains("ready for your events: POST"),
         "{}",
@@ -346,7 +338,164 @@ fn contrail_up_without_a_replay_serves_what_your_own_producer_sends() {
         String::from_utf8_lossy(&replay.stderr)
     );
 
-    // What Cosmos must serve, from the raw topic by the test's own rules.
+    served_as_the_raw_topic_says(&up);
+    assert!(up.is_running(), "the platform keeps running until Ctrl-C");
+    let status = up.interrupt(Duration::from_secs(90)).expect("stops");
+    assert!(
+        status.success(),
+        "contrail up exited with {status}:\n{}",
+        up.output()
+    );
+    assert!(
+        !up.output().contains("contrail up: summary"),
+        "no summary without a replay"
+    );
+}
+
+/// Issue 19, "rebuild serving from history": the `flights` container is deleted while a feed is
+/// being posted; cosmos-writer waits for it (no record dead-lettered, none committed past), and
+/// `contrail backfill serving` recreates it from the Delta history while the feed goes on. At the
+/// end every document is what the test's own fold of the raw topic says, and no other exists.
+#[test]
+fn the_serving_store_is_rebuilt_from_history_while_the_feed_goes_on() {
+    const TOKEN: &str = "backfill-test-ingest-token-0123456789";
+    let mut up = idle_platform("contrail-up-backfill", TOKEN);
+    let contrail_bin = contrail_testkit::workspace_binary("contrail").expect("contrail");
+    // A day of real flights at 120 events/s: about 70 s of feed.
+    let mut replay = std::process::Command::new(&contrail_bin)
+        .args(["replay", "--url", &up.ingest_url()])
+        .args(["--from", "2013-06-10", "--to", "2013-06-10"])
+        .args(["--seed", "5", "--rate", "120", "--quiet"])
+        .env("CONTRAIL_INGEST_TOKEN", TOKEN)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run contrail replay");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let containers = runtime
+        .block_on(containers_at(&up.cosmos_endpoint()))
+        .expect("containers");
+
+    // Mid-feed: the serving store is lost.
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let served = runtime
+            .block_on(query_documents(&containers))
+            .map(|documents| documents.len())
+            .unwrap_or_default();
+        if served >= 200 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "only {served} documents served after 120 s\n{}",
+            up.output_tail(30)
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    runtime
+        .block_on(containers.flights.delete(None))
+        .expect("delete the flights container");
+    let writer_http = format!("http://127.0.0.1:{}", 8082 + up.offset);
+    let metric = |name: &str, filter: &str| contrail_testkit::cosmos::metric_at(&writer_http, name, filter);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while metric("contrail_cosmos_writer_retries_total", "cause=\"404\"") < 1.0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "cosmos-writer never met the missing container\n{}",
+            up.output_tail(30)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // Writes wait for the container: a few seconds of feed pile up behind it.
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(
+        metric("contrail_cosmos_writer_dead_letters_total", ""),
+        0.0,
+        "a missing container is an outage, not a fault of the records"
+    );
+
+    // The rebuild, while the feed goes on.
+    let delta_root = up.delta_root().display().to_string();
+    let backfill = std::process::Command::new(&contrail_bin)
+        .args(["backfill", "serving", "--from-delta", &delta_root])
+        .args([
+            "--cosmos-endpoint",
+            &up.cosmos_endpoint(),
+            "--brokers",
+            &up.brokers(),
+        ])
+        .args(["--max-ru-per-second", "20000", "--quiet"])
+        .output()
+        .expect("run contrail backfill serving");
+    let printed = String::from_utf8_lossy(&backfill.stdout).into_owned();
+    println!("contrail backfill serving printed:\n{printed}");
+    assert!(
+        backfill.status.success(),
+        "{printed}{}",
+        String::from_utf8_lossy(&backfill.stderr)
+    );
+    assert!(
+        printed.contains("delta-archiver has archived ops.flights.curated up to its end"),
+        "{printed}"
+    );
+    let written: u64 = printed
+        .split(" written")
+        .next()
+        .and_then(|head| head.rsplit(' ').next())
+        .and_then(|count| count.parse().ok())
+        .unwrap_or_else(|| panic!("no count of documents written in {printed:?}"));
+    assert!(written >= 200, "the history had the lost documents: {printed}");
+    assert!(
+        replay.try_wait().expect("replay status").is_none(),
+        "the feed was still running while the store was rebuilt"
+    );
+    let replayed = replay.wait_with_output().expect("replay ends");
+    assert!(
+        replayed.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&replayed.stdout),
+        String::from_utf8_lossy(&replayed.stderr)
+    );
+
+    served_as_the_raw_topic_says(&up);
+    assert_eq!(
+        metric("contrail_cosmos_writer_dead_letters_total", ""),
+        0.0,
+        "nothing was dead-lettered"
+    );
+    let status = up.interrupt(Duration::from_secs(90)).expect("stops");
+    assert!(
+        status.success(),
+        "contrail up exited with {status}:\n{}",
+        up.output()
+    );
+}
+
+/// `contrail up --no-replay` in test directory `name`, waiting for producers with ingest token
+/// `token`.
+fn idle_platform(name: &str, token: &str) -> UpUnderTest {
+    let dir = test_dir(name);
+    let mut up =
+        UpUnderTest::start(&dir, &["--no-replay", "--ingest-token", token]).expect("contrail up starts");
+    up.wait_phase(
+        "the platform to wait for producers",
+        Duration::from_secs(300),
+        |phase| phase.starts_with("idle"),
+    )
+    .expect("idle");
+    up
+}
+
+/// Waits (up to 300 s) until the serving store holds, for every flight of the raw topic (a day of
+/// flights at least), the document the test's own fold of the raw topic says — and no other
+/// document.
+fn served_as_the_raw_topic_says(up: &UpUnderTest) {
+    let brokers = up.brokers();
     let ends = quiescent_ends(&brokers, "ops.events.raw", Duration::from_secs(3)).expect("raw ends");
     let raw = read_topic(
         &brokers,
@@ -371,8 +520,8 @@ fn contrail_up_without_a_replay_serves_what_your_own_producer_sends() {
         .expect("containers");
     let deadline = std::time::Instant::now() + Duration::from_secs(300);
     loop {
-        let documents = runtime.block_on(query_documents(&containers)).expect("documents");
-        let wrong: Vec<String> = expected
+        let documents = runtime.block_on(query_documents(&containers)).unwrap_or_default();
+        let mut wrong: Vec<String> = expected
             .accepted
             .iter()
             .filter_map(|(key, accepted)| {
@@ -382,8 +531,14 @@ fn contrail_up_without_a_replay_serves_what_your_own_producer_sends() {
                 (got.as_ref() != Some(&want)).then(|| format!("{key}: want {want:?}, got {got:?}"))
             })
             .collect();
+        wrong.extend(
+            documents
+                .keys()
+                .filter(|key| !expected.accepted.contains_key(*key))
+                .map(|key| format!("{key}: served, but no event of it was accepted")),
+        );
         if wrong.is_empty() {
-            break;
+            return;
         }
         assert!(
             std::time::Instant::now() < deadline,
@@ -394,17 +549,6 @@ fn contrail_up_without_a_replay_serves_what_your_own_producer_sends() {
         );
         std::thread::sleep(Duration::from_secs(2));
     }
-    assert!(up.is_running(), "the platform keeps running until Ctrl-C");
-    let status = up.interrupt(Duration::from_secs(90)).expect("stops");
-    assert!(
-        status.success(),
-        "contrail up exited with {status}:\n{}",
-        up.output()
-    );
-    assert!(
-        !up.output().contains("contrail up: summary"),
-        "no summary without a replay"
-    );
 }
 
 /// The large chaos run of the exactly-once issue: five months (> 1,000,000 deliveries), at least

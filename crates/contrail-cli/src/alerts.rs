@@ -22,17 +22,8 @@ use serde_json::{Value, json};
 /// Options of `contrail alerts`.
 #[derive(Args, Debug)]
 pub struct AlertsArgs {
-    /// Kafka bootstrap servers (the local broker of `contrail up` by default, shifted by
-    /// `--port-offset`).
-    #[arg(long, env = "CONTRAIL_KAFKA__BROKERS")]
-    brokers: Option<String>,
-    /// Azure Event Hubs namespace connection string, instead of `--brokers`. Never printed.
-    #[arg(
-        long,
-        env = "CONTRAIL_KAFKA__EVENT_HUBS_CONNECTION_STRING",
-        hide_env_values = true
-    )]
-    event_hubs_connection_string: Option<String>,
+    #[command(flatten)]
+    kafka: crate::args::KafkaArgs,
     /// Port offset of a `contrail up --port-offset N` platform.
     #[arg(long, default_value_t = 0, env = "CONTRAIL_PORT_OFFSET")]
     port_offset: u16,
@@ -73,21 +64,7 @@ pub async fn run(args: AlertsArgs) -> Result<()> {
         no_follow,
         flight,
     } = args.command;
-    let kafka = KafkaConfig {
-        brokers: args.brokers.clone().unwrap_or_else(|| {
-            format!(
-                "127.0.0.1:{}",
-                crate::platform::Ports {
-                    offset: args.port_offset
-                }
-                .broker()
-            )
-        }),
-        event_hubs_connection_string: contrail_common::config::Secret::new(
-            args.event_hubs_connection_string.clone().unwrap_or_default(),
-        ),
-        ..KafkaConfig::default()
-    };
+    let kafka = args.kafka.config(args.port_offset);
     let topic = args.topic.clone();
     tokio::task::spawn_blocking(move || {
         tail(
@@ -116,11 +93,7 @@ struct Tail {
 }
 
 fn tail(kafka: &KafkaConfig, topic: &str, options: &Tail) -> Result<()> {
-    let where_ = if kafka.is_event_hubs() {
-        "Event Hubs".to_owned()
-    } else {
-        kafka.brokers.clone()
-    };
+    let where_ = crate::args::describe(kafka);
     let consumer: BaseConsumer = kafka
         .client_config("contrail-alerts")?
         .set("group.id", "contrail-alerts-tail")
@@ -128,34 +101,16 @@ fn tail(kafka: &KafkaConfig, topic: &str, options: &Tail) -> Result<()> {
         .set("enable.partition.eof", "false")
         .create()
         .with_context(|| format!("a Kafka client for {where_}"))?;
-    let metadata = consumer
-        .fetch_metadata(Some(topic), Duration::from_secs(15))
-        .with_context(|| {
-            format!("reading the metadata of topic {topic:?} from {where_} (is the platform up?)")
-        })?;
-    let partitions: Vec<i32> = metadata
-        .topics()
-        .iter()
-        .filter(|candidate| candidate.name() == topic)
-        .flat_map(|candidate| candidate.partitions().iter().map(|partition| partition.id()))
-        .collect();
-    if partitions.is_empty() {
-        bail!(
-            "topic {topic:?} does not exist on {where_} (a platform creates it at start; --topic names another)"
-        );
-    }
+    let partitions = crate::args::partition_ends(&consumer, kafka, topic)?;
     // Where each partition ends now: the end of `--no-follow`.
     let mut ends: BTreeMap<i32, i64> = BTreeMap::new();
     let mut assignment = TopicPartitionList::new();
-    for partition in &partitions {
-        let (low, high) = consumer
-            .fetch_watermarks(topic, *partition, Duration::from_secs(15))
-            .with_context(|| format!("the offsets of {topic} partition {partition}"))?;
+    for (partition, low, high) in partitions {
         let start = if options.from_beginning { low } else { high };
         if start < high {
-            ends.insert(*partition, high);
+            ends.insert(partition, high);
         }
-        assignment.add_partition_offset(topic, *partition, Offset::Offset(start))?;
+        assignment.add_partition_offset(topic, partition, Offset::Offset(start))?;
     }
     consumer.assign(&assignment)?;
     let mut printed: HashSet<(String, i32)> = HashSet::new();

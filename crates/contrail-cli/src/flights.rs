@@ -12,12 +12,8 @@ use crate::store::{FlightFilter, Stores, service_date};
 /// Options of `contrail flights`.
 #[derive(Args, Debug)]
 pub struct FlightsArgs {
-    /// Cosmos DB endpoint (the local one of `contrail up` by default, shifted by `--port-offset`).
-    #[arg(long, env = "CONTRAIL_COSMOS__ENDPOINT")]
-    cosmos_endpoint: Option<String>,
-    /// Cosmos DB account key (the local endpoint's development key by default). Never printed.
-    #[arg(long, env = "CONTRAIL_COSMOS__KEY", hide_env_values = true)]
-    cosmos_key: Option<String>,
+    #[command(flatten)]
+    cosmos: crate::args::CosmosArgs,
     /// Port offset of a `contrail up --port-offset N` platform.
     #[arg(long, default_value_t = 0, env = "CONTRAIL_PORT_OFFSET")]
     port_offset: u16,
@@ -57,14 +53,7 @@ enum FlightsCommand {
 
 /// Runs `contrail flights`.
 pub async fn run(args: FlightsArgs) -> Result<()> {
-    let ports = crate::platform::Ports {
-        offset: args.port_offset,
-    };
-    let endpoint = args
-        .cosmos_endpoint
-        .clone()
-        .unwrap_or_else(|| ports.cosmos_endpoint());
-    let cosmos = crate::platform::cosmos_config(&endpoint, args.cosmos_key.as_deref(), false);
+    let cosmos = args.cosmos.config(args.port_offset, false);
     // The history is not read here; the Delta root is unused.
     let stores = Stores::open(&cosmos, "").await?;
     match args.command {

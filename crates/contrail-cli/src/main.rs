@@ -10,6 +10,8 @@ use clap::{Parser, Subcommand};
 
 mod admin;
 mod alerts;
+mod args;
+mod backfill;
 mod board;
 mod check;
 mod flights;
@@ -49,6 +51,9 @@ enum Command {
     Board(board::BoardArgs),
     /// Follow operational alerts (DEPARTURE_OVERDUE raised and resolved) from the alerts topic.
     Alerts(alerts::AlertsArgs),
+    /// Rebuild a store from the history: `backfill serving` writes the newest archived version of
+    /// every flight into Cosmos DB through the version guard (safe while the platform runs).
+    Backfill(backfill::BackfillArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell) to standard output,
     /// e.g. `contrail completions bash > ~/.local/share/bash-completion/completions/contrail`.
     Completions {
@@ -79,6 +84,7 @@ fn main() -> ExitCode {
             Command::Flights(args) => flights::run(args).await,
             Command::Board(args) => board::run(args).await,
             Command::Alerts(args) => alerts::run(args).await,
+            Command::Backfill(args) => backfill::run(args).await,
             Command::Completions { .. } => Ok(()),
         }
     });

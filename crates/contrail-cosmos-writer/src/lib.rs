@@ -13,11 +13,13 @@
 pub mod config;
 mod consume;
 pub mod error;
-pub mod guard;
 pub mod metrics;
 mod status;
 pub mod window;
-pub mod writer;
+
+/// The version guard and the guarded write live in `contrail-cosmos`, shared with `contrail
+/// backfill serving`.
+pub use contrail_cosmos::{guard, writer};
 
 use std::sync::Arc;
 
@@ -65,7 +67,7 @@ pub async fn run(config: CosmosWriterConfig, shutdown: Shutdown) -> Result<(), C
         DocumentWriter::new(
             containers.flights.clone(),
             config.batch.etag_cache_entries,
-            metrics.clone(),
+            metrics.writes.clone(),
         )
         .with_outage(contrail_cosmos::CredentialOutage::with_health(
             "writes",

@@ -74,9 +74,9 @@ impl StageStatus for WriterStatus {
             ("stale_skipped_total", m.stale.get() as f64),
             ("coalesced_total", m.coalesced.get() as f64),
             ("dead_letters_total", m.dead_letters.get() as f64),
-            ("request_units_total", m.request_units.get()),
+            ("request_units_total", m.writes.request_units.get()),
             ("offset_commits_total", m.commits.get() as f64),
-            ("retries_total", m.total_retries()),
+            ("retries_total", m.writes.total_retries()),
         ]
         .into_iter()
         .map(|(name, value)| (name.to_owned(), value))

@@ -2,7 +2,7 @@
 //!
 //! A flight's document may only move forward: it is created when missing, replaced when the
 //! incoming version is higher, and left alone otherwise. (Coalescing — writing only the newest
-//! version a flight has in the window — is [`crate::window`]'s.)
+//! version a flight has in the write window — is cosmos-writer's.)
 
 /// What to do with an incoming version given the stored one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,7 +1,8 @@
 //! Azure Cosmos DB access shared by `cosmos-writer` and `changefeed-sync` (DESIGN §5): the
 //! `[cosmos]` config section, building the `azure_data_cosmos` client (account key or Entra ID),
 //! creating the database and containers when asked, and classifying errors into what a stage
-//! does next (retry, guard conflict, give up).
+//! does next (retry, guard conflict, give up); the version-guarded document write
+//! ([`writer::DocumentWriter`]) that cosmos-writer and `contrail backfill serving` share.
 
 #[cfg(feature = "fault-injection")]
 use std::sync::Arc;
@@ -19,6 +20,9 @@ use azure_data_cosmos::{
 };
 use contrail_common::config::Secret;
 use serde::{Deserialize, Serialize};
+
+pub mod guard;
+pub mod writer;
 
 /// How the stage authenticates to Cosmos DB.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -150,6 +154,11 @@ pub const CREDENTIALS_HINT: &str = "check cosmos.key (CONTRAIL_COSMOS__KEY: a re
      redeployed), or with cosmos.auth = workload_identity / managed_identity that the identity holds the \
      \"Cosmos DB Built-in Data Contributor\" role on the account";
 
+/// What to do when the container is missing.
+pub const MISSING_CONTAINER_HINT: &str = "recreate the container and refill it from the history: \
+     `contrail backfill serving --from-delta ROOT` (the writes waiting here go through the same version \
+     guard once it exists)";
+
 /// Classifies an HTTP status (0 = no response).
 pub fn classify_status(status: u16) -> ErrorClass {
     match status {
@@ -202,9 +211,9 @@ impl CosmosStoreError {
     }
 }
 
-/// Refused credentials (401/403) are an outage of the stage: writes wait and retry, the stage
-/// reports not ready, and an error says what to fix (every 30 s at most, however many writes
-/// are waiting); the first write that succeeds ends it.
+/// Refused credentials (401/403) and a missing container are outages of the stage: writes wait
+/// and retry, the stage reports not ready, and an error says what to fix (every 30 s at most,
+/// however many writes are waiting); the first write that succeeds ends it.
 #[derive(Default)]
 pub struct CredentialOutage {
     /// What waits ("writes", "change feed reads"), for the log.
@@ -226,21 +235,37 @@ impl CredentialOutage {
 
     /// `error` refused the credentials: not ready, and an error log (every 30 s at most).
     pub fn refused(&self, error: &CosmosStoreError) {
-        let mut since = self.since.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if since.is_none_or(|logged| logged.elapsed() >= std::time::Duration::from_secs(30)) {
+        if self.begins_or_reminds() {
             tracing::error!(%error, hint = CREDENTIALS_HINT, waiting = self.what, "Cosmos DB refuses the credentials: nothing is dead-lettered or committed until they are fixed");
-            *since = Some(std::time::Instant::now());
         }
+    }
+
+    /// `error` says the container (or its database) does not exist — deleted, or never created:
+    /// not ready, and an error log (every 30 s at most).
+    pub fn container_missing(&self, error: &CosmosStoreError) {
+        if self.begins_or_reminds() {
+            tracing::error!(%error, hint = MISSING_CONTAINER_HINT, waiting = self.what, "the Cosmos DB container does not exist: nothing is dead-lettered or committed until it is back");
+        }
+    }
+
+    /// Marks the stage not ready; true when the outage begins or was last logged 30 s ago.
+    fn begins_or_reminds(&self) -> bool {
         if let Some(health) = &self.health {
             health.set_ready(false);
         }
+        let mut since = self.since.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let log = since.is_none_or(|logged| logged.elapsed() >= std::time::Duration::from_secs(30));
+        if log {
+            *since = Some(std::time::Instant::now());
+        }
+        log
     }
 
     /// A request succeeded: the outage, if any, is over.
     pub fn succeeded(&self) {
         let mut since = self.since.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if since.take().is_some() {
-            tracing::info!(resuming = self.what, "Cosmos DB accepts the credentials again");
+            tracing::info!(resuming = self.what, "Cosmos DB accepts requests again");
             if let Some(health) = &self.health {
                 health.set_ready(true);
             }

@@ -15,10 +15,58 @@ use std::time::Instant;
 use azure_core::http::Etag;
 use azure_data_cosmos::ContainerClient;
 use azure_data_cosmos::options::{ItemWriteOptions, Precondition};
-use contrail_cosmos::{CosmosStoreError, CredentialOutage, ErrorClass, backoff};
+use contrail_common::metrics::MetricsRegistry;
+use prometheus::{Counter, Histogram, IntCounterVec};
 
 use crate::guard::{Decision, decide};
-use crate::metrics::WriterMetrics;
+use crate::{CosmosStoreError, CredentialOutage, ErrorClass, backoff};
+
+/// What the guarded writes report: request units, retries by cause, latency.
+#[derive(Clone)]
+pub struct WriteMetrics {
+    /// Request units charged by Cosmos DB.
+    pub request_units: Counter,
+    /// Retries by cause (`429`, `503`, `412`, `409`, `404` for a missing container, …).
+    pub retries: IntCounterVec,
+    /// Latency of one guarded document write (read + replace/create, retries included).
+    pub write_seconds: Histogram,
+}
+
+impl WriteMetrics {
+    /// Creates and registers the metrics, named `{prefix}_request_units_total`,
+    /// `{prefix}_retries_total` and `{prefix}_write_seconds`.
+    pub fn new(registry: &MetricsRegistry, prefix: &str) -> WriteMetrics {
+        WriteMetrics {
+            request_units: registry.float_counter(
+                &format!("{prefix}_request_units_total"),
+                "Request units charged by Cosmos DB",
+            ),
+            retries: registry.counter_vec(
+                &format!("{prefix}_retries_total"),
+                "Cosmos DB request retries by cause",
+                &["cause"],
+            ),
+            write_seconds: registry.histogram(
+                &format!("{prefix}_write_seconds"),
+                "Latency of one guarded document write, retries included",
+                &[
+                    0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0,
+                ],
+            ),
+        }
+    }
+
+    /// Retries of every cause together.
+    pub fn total_retries(&self) -> f64 {
+        use prometheus::core::Collector;
+        self.retries
+            .collect()
+            .iter()
+            .flat_map(|family| family.get_metric())
+            .map(|metric| metric.get_counter().get_value())
+            .sum()
+    }
+}
 
 /// What a write did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,7 +94,7 @@ pub struct DocumentWriter {
     container: ContainerClient,
     cache: Mutex<HashMap<String, (u64, Etag)>>,
     cache_limit: usize,
-    metrics: WriterMetrics,
+    metrics: WriteMetrics,
     outage: CredentialOutage,
 }
 
@@ -56,7 +104,7 @@ fn version_of(document: &serde_json::Value) -> Option<u64> {
 
 impl DocumentWriter {
     /// A writer for `container` remembering up to `cache_limit` ETags.
-    pub fn new(container: ContainerClient, cache_limit: usize, metrics: WriterMetrics) -> DocumentWriter {
+    pub fn new(container: ContainerClient, cache_limit: usize, metrics: WriteMetrics) -> DocumentWriter {
         DocumentWriter {
             container,
             outage: CredentialOutage::default(),
@@ -171,6 +219,10 @@ impl DocumentWriter {
                     match error.class() {
                         ErrorClass::Retry => {}
                         ErrorClass::Unauthorized => self.outage.refused(&error),
+                        // Reads and replaces of a missing document answer `Ok`: a 404 here is a
+                        // create, so the container (or database) itself is missing — deleted,
+                        // or not created yet. An outage, not a fault of the record.
+                        ErrorClass::NotFound => self.outage.container_missing(&error),
                         _ => break Err(WriteError::Fatal(error)),
                     }
                     self.metrics.retries.with_label_values(&[&cause]).inc();

@@ -371,7 +371,7 @@ impl Archiver<'_> {
         topic: &str,
         partition: i32,
     ) -> Result<PartitionProgress, DeltaArchiverError> {
-        let app_id = progress::app_id(table.name(), topic, partition);
+        let app_id = table.app_id(topic, partition);
         let committed = self.tables.stored_version(table, &app_id).await?;
         let low = tokio::task::block_in_place(|| {
             self.watermarks

@@ -6,11 +6,6 @@
 
 use std::time::Duration;
 
-/// The Delta `txn` application id of one source partition of one table.
-pub fn app_id(table: &str, topic: &str, partition: i32) -> String {
-    format!("{table}-{topic}-{partition}")
-}
-
 /// The next offset to archive, given the version stored in the table (`None`: nothing archived
 /// yet, start at the partition's first retained offset `low`).
 pub fn resume_at(stored: Option<i64>, low: i64) -> i64 {
@@ -116,7 +111,7 @@ mod tests {
     #[test]
     fn app_ids_follow_the_contract() {
         assert_eq!(
-            app_id("events", "ops.events.accepted", 3),
+            contrail_history::Table::Events.app_id("ops.events.accepted", 3),
             "events-ops.events.accepted-3"
         );
     }

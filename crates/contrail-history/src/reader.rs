@@ -51,6 +51,27 @@ impl Scan {
     }
 }
 
+/// The newest snapshot of `table` under `root`; `None` when the table does not exist (yet).
+async fn open_snapshot(
+    root: &str,
+    storage_options: &HashMap<String, String>,
+    table: Table,
+) -> Result<Option<deltalake::DeltaTable>, HistoryError> {
+    let name = table.name();
+    let wrap = |source| HistoryError::Delta { table: name, source };
+    let url = table_url(&root_url(root)?, table)?;
+    let mut delta = deltalake::DeltaTableBuilder::from_url(url)
+        .map_err(wrap)?
+        .with_storage_options(storage_options.clone())
+        .build()
+        .map_err(wrap)?;
+    if !delta.verify_deltatable_existence().await.map_err(wrap)? {
+        return Ok(None);
+    }
+    delta.load().await.map_err(wrap)?;
+    Ok(Some(delta))
+}
+
 /// Reads `columns` of `table` under `root` (local path or URL); with `date`, only that
 /// partition (service date, or change date for `serving_changes`).
 pub async fn scan(
@@ -62,16 +83,9 @@ pub async fn scan(
 ) -> Result<Scan, HistoryError> {
     let name = table.name();
     let wrap = |source| HistoryError::Delta { table: name, source };
-    let url = table_url(&root_url(root)?, table)?;
-    let mut delta = deltalake::DeltaTableBuilder::from_url(url)
-        .map_err(wrap)?
-        .with_storage_options(storage_options.clone())
-        .build()
-        .map_err(wrap)?;
-    if !delta.verify_deltatable_existence().await.map_err(wrap)? {
+    let Some(delta) = open_snapshot(root, storage_options, table).await? else {
         return Ok(Scan::default());
-    }
-    delta.load().await.map_err(wrap)?;
+    };
     let wanted = date.map(|day| day.format("%Y-%m-%d").to_string());
     let column = table.partition_column();
     let views: Vec<_> = delta
@@ -126,6 +140,35 @@ pub async fn scan(
     })
 }
 
+/// The last offset of each of `topic`'s `partitions` that delta-archiver has committed to
+/// `table` (its `txn` versions; `None`: nothing archived from that partition yet), in the order
+/// asked. A table that does not exist (yet) has archived nothing.
+pub async fn archived_offsets(
+    root: &str,
+    storage_options: &HashMap<String, String>,
+    table: Table,
+    topic: &str,
+    partitions: &[i32],
+) -> Result<Vec<Option<i64>>, HistoryError> {
+    let name = table.name();
+    let wrap = |source| HistoryError::Delta { table: name, source };
+    let Some(delta) = open_snapshot(root, storage_options, table).await? else {
+        return Ok(vec![None; partitions.len()]);
+    };
+    let log_store = delta.log_store();
+    let snapshot = delta.snapshot().map_err(wrap)?;
+    let mut offsets = Vec::with_capacity(partitions.len());
+    for partition in partitions {
+        offsets.push(
+            snapshot
+                .transaction_version(log_store.as_ref(), &table.app_id(topic, *partition))
+                .await
+                .map_err(wrap)?,
+        );
+    }
+    Ok(offsets)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -139,5 +182,9 @@ mod tests {
             .expect("scan");
         assert_eq!(scan.version, None);
         assert_eq!(scan.rows(), 0);
+        let offsets = archived_offsets(&root, &HashMap::new(), Table::FlightStates, "t", &[0, 1])
+            .await
+            .expect("offsets");
+        assert_eq!(offsets, vec![None, None]);
     }
 }

@@ -44,6 +44,12 @@ impl Table {
         }
     }
 
+    /// The Delta `txn` application id under which delta-archiver records, with every commit,
+    /// the last offset of `topic`'s `partition` written to this table (DESIGN §4).
+    pub fn app_id(self, topic: &str, partition: i32) -> String {
+        format!("{}-{topic}-{partition}", self.name())
+    }
+
     /// The partition column (a date).
     pub fn partition_column(self) -> &'static str {
         match self {

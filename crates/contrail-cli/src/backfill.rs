@@ -1,0 +1,423 @@
+//! `contrail backfill serving`: rebuild the serving store (Cosmos DB `flights`) from the history
+//! (the Delta `flight_states` table) — after the container was lost, for a new container (a new
+//! region, a schema change), or to repair documents.
+//!
+//! The newest archived version of every flight is written through the same version guard as
+//! cosmos-writer's ([`contrail_cosmos::writer::DocumentWriter`]): a document is created when
+//! missing, replaced when its version is lower, left alone otherwise. So the backfill is safe
+//! while the stream runs — cosmos-writer's newer versions are never overwritten by older history,
+//! and whatever cosmos-writer writes after the backfill moves documents further forward — and
+//! running it twice is harmless.
+//!
+//! What the serving store held but the history did not yet (delta-archiver trails the curated
+//! topic by its batch latency) would be lost with the container: before reading the history the
+//! backfill waits until delta-archiver has archived the curated topic up to where it ends now, so
+//! every version cosmos-writer could have written before is in what the backfill reads.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use chrono::NaiveDate;
+use clap::{Args, Subcommand};
+use contrail_common::metrics::MetricsRegistry;
+use contrail_cosmos::writer::{DocumentWriter, Outcome, WriteError, WriteMetrics};
+use contrail_history::Table;
+use contrail_history::arrow::array::{Array, BinaryArray};
+use contrail_history::reader::{archived_offsets, scan};
+use futures::StreamExt as _;
+use indicatif::{ProgressBar, ProgressStyle};
+use prost::Message as _;
+use rdkafka::consumer::BaseConsumer;
+
+use crate::store::{longs, strings};
+
+/// Options of `contrail backfill`.
+#[derive(Args, Debug)]
+pub struct BackfillArgs {
+    #[command(subcommand)]
+    command: BackfillCommand,
+}
+
+#[derive(Subcommand, Debug)]
+enum BackfillCommand {
+    /// Rebuild the serving store from the history: the newest `flight_states` version of every
+    /// flight (of the dates asked) written into Cosmos DB through the version guard — safe while
+    /// the platform runs, and safe to repeat. Creates the database and container when missing.
+    ///
+    /// Example, after the `flights` container of a `contrail up` platform was deleted:
+    /// `contrail backfill serving --from-delta contrail-up/delta`
+    Serving(ServingArgs),
+}
+
+/// Options of `contrail backfill serving`.
+#[derive(Args, Debug)]
+pub struct ServingArgs {
+    /// Delta root of the history (a local path or an `abfss://` / `az://` URL), e.g. the
+    /// `delta` directory of a `contrail up` working directory.
+    #[arg(long, value_name = "ROOT")]
+    from_delta: String,
+    /// Only this service date (YYYY-MM-DD); repeat for several. Default: every date.
+    #[arg(long = "date", value_name = "YYYY-MM-DD", value_parser = parse_date)]
+    dates: Vec<NaiveDate>,
+    /// Write into this container instead of the configured flights container (created when
+    /// missing, partition key `/flightKey`).
+    #[arg(long, value_name = "NAME", env = "CONTRAIL_COSMOS__FLIGHTS_CONTAINER")]
+    to_container: Option<String>,
+    #[command(flatten)]
+    cosmos: crate::args::CosmosArgs,
+    /// Port offset of a `contrail up --port-offset N` platform.
+    #[arg(long, default_value_t = 0, env = "CONTRAIL_PORT_OFFSET")]
+    port_offset: u16,
+    /// Guarded writes in flight at once.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=256))]
+    concurrency: u16,
+    /// Request units per second the backfill may spend (each write's charge as Cosmos DB reports
+    /// it), so a rebuild leaves the running platform its share of the container's throughput.
+    /// 0: no limit (Cosmos DB's 429s are still retried).
+    #[arg(long, default_value_t = 0.0, value_name = "RU")]
+    max_ru_per_second: f64,
+    /// Read the history as it is, without first waiting for delta-archiver to archive the
+    /// curated topic up to its current end (for a history whose platform is gone). Versions the
+    /// archiver has not written yet are then not in the rebuild.
+    #[arg(long)]
+    no_wait_for_archiver: bool,
+    /// How long to wait for delta-archiver, in seconds.
+    #[arg(long, default_value_t = 300)]
+    archiver_timeout_secs: u64,
+    /// The curated topic delta-archiver archives into `flight_states`.
+    #[arg(long, default_value = contrail_common::topology::topics::CURATED, env = "CONTRAIL_TOPICS__CURATED")]
+    curated_topic: String,
+    #[command(flatten)]
+    kafka: crate::args::KafkaArgs,
+    /// No progress bars (what was waited for and the summary are still printed).
+    #[arg(long)]
+    quiet: bool,
+}
+
+fn parse_date(text: &str) -> Result<NaiveDate, String> {
+    NaiveDate::parse_from_str(text, "%Y-%m-%d").map_err(|_| format!("{text:?} is not a date YYYY-MM-DD"))
+}
+
+/// Runs `contrail backfill`.
+pub async fn run(args: BackfillArgs) -> Result<()> {
+    match args.command {
+        BackfillCommand::Serving(args) => serving(args).await,
+    }
+}
+
+/// The newest archived version of one flight.
+struct Latest {
+    version: u64,
+    record: Vec<u8>,
+}
+
+async fn serving(args: ServingArgs) -> Result<()> {
+    if !(args.max_ru_per_second >= 0.0 && args.max_ru_per_second.is_finite()) {
+        bail!(
+            "--max-ru-per-second {}: must be 0 (no limit) or a positive number",
+            args.max_ru_per_second
+        );
+    }
+    let started = Instant::now();
+    if !args.no_wait_for_archiver {
+        wait_for_archiver(&args).await?;
+    }
+
+    // The newest version of every flight, from the history.
+    let mut latest: HashMap<String, Latest> = HashMap::new();
+    let mut rows = 0usize;
+    let mut table_version = None;
+    let dates: Vec<Option<NaiveDate>> = if args.dates.is_empty() {
+        vec![None]
+    } else {
+        args.dates.iter().copied().map(Some).collect()
+    };
+    for date in dates {
+        let read = scan(
+            &args.from_delta,
+            &HashMap::new(),
+            Table::FlightStates,
+            date,
+            &["flight_key", "version", "record"],
+        )
+        .await
+        .with_context(|| format!("reading flight_states under {}", args.from_delta))?;
+        if read.version.is_none() {
+            bail!(
+                "there is no flight_states table under {:?} (is it the Delta root delta-archiver writes to?)",
+                args.from_delta
+            );
+        }
+        table_version = read.version;
+        rows += read.rows();
+        for batch in read.batches() {
+            let keys = strings(batch, "flight_key")?;
+            let versions = longs(batch, "version")?;
+            let records = batch
+                .column_by_name("record")
+                .and_then(|column| column.as_any().downcast_ref::<BinaryArray>())
+                .context("flight_states has no binary column `record`")?;
+            for (row, (key, version)) in keys.into_iter().zip(versions).enumerate() {
+                let (Some(key), Some(version)) = (key, version) else {
+                    continue;
+                };
+                let version = u64::try_from(version).unwrap_or_default();
+                let newer = latest.get(&key).is_none_or(|held| held.version < version);
+                if newer {
+                    latest.insert(
+                        key,
+                        Latest {
+                            version,
+                            record: records.value(row).to_vec(),
+                        },
+                    );
+                }
+            }
+        }
+    }
+
+    // The serving store: created where missing.
+    let endpoint = args.cosmos.endpoint(args.port_offset);
+    let mut cosmos = args.cosmos.config(args.port_offset, true);
+    if let Some(container) = &args.to_container {
+        cosmos.flights_container = container.clone();
+    }
+    let containers = cosmos
+        .open("contrail-backfill")
+        .await
+        .with_context(|| format!("opening Cosmos DB at {endpoint}"))?;
+    let metrics = WriteMetrics::new(&MetricsRegistry::new(), "contrail_backfill");
+    let writer = Arc::new(DocumentWriter::new(
+        containers.flights.clone(),
+        4096,
+        metrics.clone(),
+    ));
+
+    let mut flights: Vec<(String, Latest)> = latest.into_iter().collect();
+    flights.sort_by(|a, b| a.0.cmp(&b.0));
+    let progress = if args.quiet {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new(flights.len() as u64)
+    };
+    progress.set_style(
+        ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} flights ({per_sec}, eta {eta}) {msg}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let stopping = Arc::new(AtomicBool::new(false));
+    {
+        let stopping = stopping.clone();
+        tokio::spawn(async move {
+            if tokio::signal::ctrl_c().await.is_ok() {
+                stopping.store(true, Ordering::Relaxed);
+            }
+        });
+    }
+    let budget = RuBudget::new(args.max_ru_per_second);
+    let writing = Instant::now();
+    let mut written = 0u64;
+    let mut stale = 0u64;
+    let mut failed: Vec<String> = Vec::new();
+    let mut outcomes = futures::stream::iter(flights)
+        .map(|(key, held)| {
+            let writer = writer.clone();
+            let stopping = stopping.clone();
+            let metrics = metrics.clone();
+            let budget = &budget;
+            async move {
+                budget.wait(metrics.request_units.get()).await;
+                let state = contrail_proto::v1::FlightState::decode(held.record.as_slice())
+                    .map_err(|error| format!("{key}: the archived record is not a FlightState: {error}"))?;
+                let document = contrail_flight::document::flight_document(&state);
+                let stop = move || stopping.load(Ordering::Relaxed);
+                writer
+                    .write(&key, held.version, &document, &stop)
+                    .await
+                    .map_err(|error| match error {
+                        WriteError::Fatal(error) => format!("{key} version {}: {error}", held.version),
+                        WriteError::Stopping => format!("{key}: interrupted"),
+                    })
+            }
+        })
+        .buffer_unordered(usize::from(args.concurrency));
+    while let Some(outcome) = outcomes.next().await {
+        match outcome {
+            Ok(Outcome::Written) => written += 1,
+            Ok(Outcome::Stale) => stale += 1,
+            Err(error) => {
+                if failed.len() < 5 {
+                    progress.println(format!("failed: {error}"));
+                }
+                failed.push(error);
+            }
+        }
+        progress.inc(1);
+        progress.set_message(format!("{:.0} RU", metrics.request_units.get()));
+    }
+    progress.finish_and_clear();
+    let seconds = writing.elapsed().as_secs_f64();
+    let total = written + stale + failed.len() as u64;
+    println!(
+        "backfill serving: {total} flights from {rows} flight_states rows (Delta version {}) into container {:?}: {written} written, {stale} already at that version or newer, {} failed; {:.1} RU, {:.1} s writing ({:.0} flights/s), {:.1} s in all",
+        table_version.unwrap_or_default(),
+        cosmos.flights_container,
+        failed.len(),
+        metrics.request_units.get(),
+        seconds,
+        total as f64 / seconds.max(0.001),
+        started.elapsed().as_secs_f64(),
+    );
+    if !failed.is_empty() {
+        bail!(
+            "{} flights were not written (first: {}); the rest are in place — run the backfill again once fixed",
+            failed.len(),
+            failed[0]
+        );
+    }
+    Ok(())
+}
+
+/// Spends at most `rate` request units per second on average (with a one-second burst), by the
+/// charges Cosmos DB reports.
+struct RuBudget {
+    rate: f64,
+    started: Instant,
+}
+
+impl RuBudget {
+    fn new(rate: f64) -> RuBudget {
+        RuBudget {
+            rate,
+            started: Instant::now(),
+        }
+    }
+
+    /// How long to wait before the next write, having spent `spent` RU so far.
+    fn delay(&self, spent: f64, elapsed: Duration) -> Duration {
+        if self.rate <= 0.0 {
+            return Duration::ZERO;
+        }
+        let allowed = self.rate * (elapsed.as_secs_f64() + 1.0);
+        Duration::from_secs_f64(((spent - allowed) / self.rate).max(0.0))
+    }
+
+    async fn wait(&self, spent: f64) {
+        let delay = self.delay(spent, self.started.elapsed());
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+    }
+}
+
+/// Waits until delta-archiver has archived every partition of the curated topic up to where it
+/// ends now (its `txn` versions in `flight_states`), with a progress line.
+async fn wait_for_archiver(args: &ServingArgs) -> Result<()> {
+    let kafka = args.kafka.config(args.port_offset);
+    let topic = args.curated_topic.clone();
+    let ends = {
+        let kafka = kafka.clone();
+        let topic = topic.clone();
+        tokio::task::spawn_blocking(move || -> Result<Vec<(i32, i64, i64)>> {
+            let consumer: BaseConsumer = kafka
+                .client_config("contrail-backfill")?
+                .set("group.id", "contrail-backfill")
+                .set("enable.auto.commit", "false")
+                .create()
+                .with_context(|| format!("a Kafka client for {}", crate::args::describe(&kafka)))?;
+            crate::args::partition_ends(&consumer, &kafka, &topic)
+        })
+        .await
+        .context("the broker reader stopped")?
+        .context("finding where the curated topic ends, to wait for delta-archiver (--no-wait-for-archiver reads the history as it is)")?
+    };
+    // Partitions holding records: the last offset each must be archived up to.
+    let targets: Vec<(i32, i64)> = ends
+        .iter()
+        .filter(|(_, low, high)| high > low)
+        .map(|(partition, _, high)| (*partition, high - 1))
+        .collect();
+    let partitions: Vec<i32> = targets.iter().map(|(partition, _)| *partition).collect();
+    let deadline = Instant::now() + Duration::from_secs(args.archiver_timeout_secs);
+    let spinner = if args.quiet {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new_spinner()
+    };
+    loop {
+        let archived = archived_offsets(
+            &args.from_delta,
+            &HashMap::new(),
+            Table::FlightStates,
+            &topic,
+            &partitions,
+        )
+        .await
+        .with_context(|| {
+            format!(
+                "reading flight_states' archived offsets under {}",
+                args.from_delta
+            )
+        })?;
+        let behind: Vec<String> = targets
+            .iter()
+            .zip(&archived)
+            .filter(|((_, target), archived)| archived.is_none_or(|offset| offset < *target))
+            .map(|((partition, target), archived)| {
+                let done = archived.map_or_else(|| "nothing".to_owned(), |offset| offset.to_string());
+                format!("partition {partition}: {done} of {target}")
+            })
+            .collect();
+        if behind.is_empty() {
+            spinner.finish_and_clear();
+            println!(
+                "delta-archiver has archived {topic} up to its end ({} partitions with records)",
+                targets.len()
+            );
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            spinner.finish_and_clear();
+            bail!(
+                "delta-archiver has not archived {topic} up to its end after {} s ({}); is it running? --no-wait-for-archiver reads the history as it is",
+                args.archiver_timeout_secs,
+                behind.join(", ")
+            );
+        }
+        spinner.set_message(format!(
+            "waiting for delta-archiver to archive {topic} up to its end: {}",
+            behind.join(", ")
+        ));
+        spinner.tick();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_ru_budget_allows_a_second_of_burst_then_the_rate() {
+        let budget = RuBudget::new(100.0);
+        assert_eq!(budget.delay(50.0, Duration::ZERO), Duration::ZERO);
+        assert_eq!(budget.delay(100.0, Duration::ZERO), Duration::ZERO);
+        assert_eq!(budget.delay(150.0, Duration::ZERO), Duration::from_millis(500));
+        assert_eq!(
+            budget.delay(300.0, Duration::from_secs(1)),
+            Duration::from_secs(1)
+        );
+        assert_eq!(RuBudget::new(0.0).delay(1e9, Duration::ZERO), Duration::ZERO);
+    }
+
+    #[test]
+    fn dates_are_checked() {
+        assert!(parse_date("2013-05-20").is_ok());
+        let error = parse_date("20.5.2013").expect_err("not a date");
+        assert!(error.contains("20.5.2013"), "{error}");
+    }
+}
