@@ -189,7 +189,14 @@ async fn serving(args: ServingArgs) -> Result<()> {
         .open("contrail-backfill")
         .await
         .with_context(|| format!("opening Cosmos DB at {endpoint}"))?;
-    let metrics = WriteMetrics::new(&MetricsRegistry::new(), "contrail_backfill");
+    let metrics = WriteMetrics::new(
+        &MetricsRegistry::new(),
+        [
+            "contrail_backfill_request_units_total",
+            "contrail_backfill_retries_total",
+            "contrail_backfill_write_seconds",
+        ],
+    );
     let writer = Arc::new(DocumentWriter::new(
         containers.flights.clone(),
         4096,

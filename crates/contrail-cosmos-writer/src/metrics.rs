@@ -44,7 +44,14 @@ impl WriterMetrics {
                 "contrail_cosmos_writer_dead_letters_total",
                 "Records sent to the dead-letter topic",
             ),
-            writes: WriteMetrics::new(registry, "contrail_cosmos_writer"),
+            writes: WriteMetrics::new(
+                registry,
+                [
+                    "contrail_cosmos_writer_request_units_total",
+                    "contrail_cosmos_writer_retries_total",
+                    "contrail_cosmos_writer_write_seconds",
+                ],
+            ),
             commits: registry.counter(
                 "contrail_cosmos_writer_offset_commits_total",
                 "Offset commits (each moves one or more partitions past records whose writes are acknowledged)",
