@@ -12,7 +12,10 @@ pub struct InFlight {
 }
 
 impl InFlight {
-    /// One output of `partition`/`generation` was handed to the producer.
+    /// One output of `partition`/`generation` is being handed to the producer. Count it before
+    /// the producer has it: its report may be applied, on another thread, before the hand-over
+    /// returns, and a report with nothing to count off is ignored. One that was refused is counted
+    /// off with [`InFlight::reported`].
     pub fn sent(&mut self, partition: i32, generation: u64) {
         *self.counts.entry((partition, generation)).or_default() += 1;
     }

@@ -456,10 +456,21 @@ impl ShardSet {
     /// Hands one output to the producer (waiting while its queue is full) and counts it in
     /// flight. `Err` for any other refusal: the output stays in the outbox.
     fn send(&self, partition: i32, sequence: u64, record: &OutboxRecord) -> Result<(), KafkaError> {
-        let generation = match self.lock().shards.get(&partition) {
-            Some(owned) => owned.generation,
-            // Closed meanwhile: the next owner re-sends it from the outbox.
-            None => return Ok(()),
+        // Counted in flight before the producer has it: its delivery report can come back — and
+        // be applied by another processing thread — before `producer.send` even returns. Counted
+        // after, a report applied first found nothing to count off and the output stayed "in
+        // flight" for good, holding back every caught-up check (CI, kill -9 test, batch.threads 3).
+        let generation = {
+            let mut inner = self.lock();
+            match inner.shards.get(&partition) {
+                Some(owned) => {
+                    let generation = owned.generation;
+                    inner.in_flight.sent(partition, generation);
+                    generation
+                }
+                // Closed meanwhile: the next owner re-sends it from the outbox.
+                None => return Ok(()),
+            }
         };
         let mut attempts = 0u32;
         loop {
@@ -467,10 +478,7 @@ impl ShardSet {
                 .key(&record.key)
                 .payload(&record.payload);
             match self.producer.send(base) {
-                Ok(()) => {
-                    self.lock().in_flight.sent(partition, generation);
-                    return Ok(());
-                }
+                Ok(()) => return Ok(()),
                 Err((KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull), _)) => {
                     attempts += 1;
                     if attempts.is_multiple_of(1000) {
@@ -478,7 +486,11 @@ impl ShardSet {
                     }
                     std::thread::sleep(Duration::from_millis(2));
                 }
-                Err((error, _)) => return Err(error),
+                Err((error, _)) => {
+                    // Never handed over: no report will come for it.
+                    self.lock().in_flight.reported(partition, generation);
+                    return Err(error);
+                }
             }
         }
     }
