@@ -97,6 +97,9 @@ fn essentials_of(document: &serde_json::Value) -> Essentials {
     }
 }
 
+/// A check of the running platform given its summary.
+type WhileUp<'a> = dyn Fn(&UpUnderTest, &serde_json::Value) + 'a;
+
 /// A chaos run of `contrail up` and what it must show.
 struct ChaosRun<'a> {
     /// Test directory name.
@@ -112,6 +115,8 @@ struct ChaosRun<'a> {
     min_kills: u64,
     /// How long the summary may take.
     settle: Duration,
+    /// Checks of the running platform once the summary is out (it stays up until the test ends).
+    while_up: Option<&'a WhileUp<'a>>,
 }
 
 #[test]
@@ -139,7 +144,174 @@ fn contrail_up_replays_a_month_with_chaos_and_every_store_is_exactly_once() {
         min_duplicates: 10_000,
         min_kills: 2,
         settle: Duration::from_secs(900),
+        while_up: None,
     });
+}
+
+/// `contrail up --scale`: two instances of every consumer stage share the work — dedup-state's
+/// shards split between two processes whose checkpoints dedup-state-0 coordinates (and one of
+/// them loses its volume), cosmos-writer and delta-archiver each a consumer group of two,
+/// changefeed-sync's second instance standing by for the lease — chaos kills every instance, and
+/// every store is checked against the test's own expectation as in the month run.
+#[test]
+fn a_scaled_platform_under_chaos_is_exactly_once() {
+    let dir = std::cell::RefCell::new(None);
+    let remember_dir = |up: &UpUnderTest, summary: &serde_json::Value| {
+        *dir.borrow_mut() = Some(up.workdir.clone());
+        instances_share_the_work(up, summary);
+    };
+    let summary = replay_with_chaos_and_check(ChaosRun {
+        name: "contrail-up-scaled",
+        args: &[
+            "--scale",
+            "dedup-state=2,cosmos-writer=2,delta-archiver=2",
+            "--scale",
+            "changefeed-sync=2",
+            "--from",
+            "2013-03-01",
+            "--to",
+            "2013-03-07",
+            "--rate",
+            "3000",
+            "--straggler-rate",
+            "0.005",
+            "--chaos",
+            "--chaos-interval-s",
+            "2",
+            "--chaos-min-kills",
+            "1",
+            "--chaos-volume-losses",
+            "2",
+            "--drain-timeout-s",
+            "600",
+        ],
+        min_events: 40_000,
+        min_duplicates: 3_000,
+        min_kills: 1,
+        settle: Duration::from_secs(900),
+        while_up: Some(&remember_dir),
+    });
+    // Both volume losses happened, each told what the instance recovers from: the newest
+    // complete checkpoint, or — when chaos kept every checkpoint round from completing — its
+    // partitions from the start (the exactly-once checks above hold either way).
+    let workdir = dir.borrow().clone().expect("the platform's working directory");
+    let output = std::fs::read_to_string(workdir.parent().expect("test dir").join("contrail-up.log"))
+        .expect("contrail up's output");
+    for instance in ["dedup-state-0", "dedup-state-1"] {
+        let loss = output
+            .lines()
+            .find(|line| line.starts_with(&format!("chaos: kill -9 {instance} and delete its volume")))
+            .unwrap_or_else(|| panic!("{instance} lost its volume"));
+        let log = std::fs::read_to_string(workdir.join("logs").join(format!("{instance}.log")))
+            .expect("the instance's log");
+        if loss.contains("restores the newest complete checkpoint") {
+            assert!(
+                log.contains("restored epoch"),
+                "{instance} restored a checkpoint: {loss}"
+            );
+        }
+        println!("{loss}");
+    }
+    let kills = summary["kills"].as_object().expect("kills per instance");
+    for instance in [
+        "ingest",
+        "dedup-state-0",
+        "dedup-state-1",
+        "cosmos-writer-0",
+        "cosmos-writer-1",
+        "changefeed-sync-0",
+        "changefeed-sync-1",
+        "delta-archiver-0",
+        "delta-archiver-1",
+    ] {
+        assert!(kills.contains_key(instance), "{instance} ran: {kills:?}");
+    }
+    assert_eq!(kills.len(), 9, "nothing else ran: {kills:?}");
+}
+
+/// `contrail admin status --json` of the scaled platform: each instance answers under its own
+/// name, the consumers' instances each own partitions and no partition twice, one
+/// changefeed-sync instance holds the change feed's lease.
+fn instances_share_the_work(up: &UpUnderTest, _summary: &serde_json::Value) {
+    // After the chaos the groups settle; give a rejoining instance its partitions back.
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let (ok, stdout, stderr) = contrail(up, &["admin", "status", "--json"]);
+        let problem = if ok {
+            let rows: Vec<serde_json::Value> = stdout.lines().map(json_of).collect();
+            shared_work_problem(&rows)
+        } else {
+            Some(format!("contrail admin status failed: {stderr}"))
+        };
+        match problem {
+            None => return,
+            Some(problem) if std::time::Instant::now() > deadline => {
+                panic!("the instances do not share the work: {problem}\n{stdout}")
+            }
+            Some(_) => std::thread::sleep(Duration::from_secs(2)),
+        }
+    }
+}
+
+/// What is wrong with how the instances in `rows` (admin status JSON lines) share the work.
+fn shared_work_problem(rows: &[serde_json::Value]) -> Option<String> {
+    let of = |stage: &str| -> Vec<&serde_json::Value> {
+        rows.iter().filter(|row| row["stage"] == stage).collect()
+    };
+    for stage in [
+        "dedup-state",
+        "cosmos-writer",
+        "delta-archiver",
+        "changefeed-sync",
+    ] {
+        let instances: BTreeSet<&str> = of(stage)
+            .iter()
+            .filter(|row| row["up"] == true)
+            .filter_map(|row| row["instance"].as_str())
+            .collect();
+        let expected: BTreeSet<String> = (0..2).map(|index| format!("{stage}-{index}")).collect();
+        if instances
+            .iter()
+            .map(|name| (*name).to_owned())
+            .collect::<BTreeSet<_>>()
+            != expected
+        {
+            return Some(format!("{stage}: instances answering {instances:?}"));
+        }
+    }
+    for stage in ["dedup-state", "cosmos-writer", "delta-archiver"] {
+        let mut owned = BTreeSet::new();
+        for row in of(stage) {
+            let partitions = row["partitions"].as_array().cloned().unwrap_or_default();
+            if partitions.is_empty() {
+                return Some(format!("{} owns no partition", row["instance"]));
+            }
+            for partition in partitions {
+                let key = (partition["topic"].to_string(), partition["partition"].to_string());
+                if !owned.insert(key.clone()) {
+                    return Some(format!("{stage}: {key:?} owned twice"));
+                }
+            }
+        }
+        if stage == "dedup-state" && owned.len() != 4 {
+            return Some(format!(
+                "dedup-state owns {} of the 4 raw partitions",
+                owned.len()
+            ));
+        }
+    }
+    let holders: Vec<&serde_json::Value> = of("changefeed-sync")
+        .into_iter()
+        .filter(|row| {
+            row["leases"]
+                .as_array()
+                .is_some_and(|leases| leases.iter().any(|lease| lease["owner"] == row["instance"]))
+        })
+        .collect();
+    if holders.is_empty() {
+        return Some("no changefeed-sync instance holds a lease".to_owned());
+    }
+    None
 }
 
 #[test]
@@ -215,6 +387,7 @@ fn contrail_up_runs_a_recorded_feed_file_with_chaos_and_every_store_is_exactly_o
         min_duplicates: (events.len() - distinct.len()) * 9 / 10,
         min_kills: 1,
         settle: Duration::from_secs(600),
+        while_up: None,
     });
     // The file's events, not generated ones.
     assert_eq!(summary["distinct_events"].as_u64(), Some(distinct.len() as u64));
@@ -596,6 +769,7 @@ fn a_large_chaos_run_with_a_broker_restart_and_a_lost_volume_is_exactly_once() {
         min_duplicates: 10_000,
         min_kills: 10,
         settle: Duration::from_secs(4 * 3600),
+        while_up: None,
     });
 }
 
@@ -622,6 +796,9 @@ fn replay_with_chaos_and_check(run: ChaosRun<'_>) -> serde_json::Value {
     let summary = up.wait_summary(run.settle).expect("contrail up settles");
     let output = up.output();
     println!("{output}");
+    if let Some(check) = run.while_up {
+        check(&up, &summary);
+    }
 
     // What contrail up itself reports.
     assert_eq!(summary["passed"], true, "its own checks: {:#}", summary["checks"]);
@@ -635,6 +812,8 @@ fn replay_with_chaos_and_check(run: ChaosRun<'_>) -> serde_json::Value {
         "at least {} events: {distinct}",
         run.min_events
     );
+    // Every instance of every stage (`dedup-state`, or `dedup-state-0`, `-1`… when scaled).
+    let kills = summary["kills"].as_object().expect("kills per instance");
     for stage in [
         "ingest",
         "dedup-state",
@@ -642,8 +821,21 @@ fn replay_with_chaos_and_check(run: ChaosRun<'_>) -> serde_json::Value {
         "changefeed-sync",
         "delta-archiver",
     ] {
-        let kills = summary["kills"][stage].as_u64().unwrap_or_default();
-        assert!(kills >= run.min_kills, "{stage} was killed {kills} times");
+        let instances: Vec<(&String, u64)> = kills
+            .iter()
+            .filter(|(name, _)| {
+                *name == stage
+                    || name
+                        .strip_prefix(stage)
+                        .and_then(|rest| rest.strip_prefix('-'))
+                        .is_some_and(|index| index.parse::<u16>().is_ok())
+            })
+            .map(|(name, count)| (name, count.as_u64().unwrap_or_default()))
+            .collect();
+        assert!(!instances.is_empty(), "{stage} is in the summary: {kills:?}");
+        for (name, count) in instances {
+            assert!(count >= run.min_kills, "{name} was killed {count} times");
+        }
     }
     assert!(
         output.matches("chaos: kill -9").count() as u64 >= 5 * run.min_kills,

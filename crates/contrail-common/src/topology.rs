@@ -58,6 +58,25 @@ pub fn stage(name: &str) -> Option<StageSpec> {
     STAGES.into_iter().find(|stage| stage.name == name)
 }
 
+/// How far apart the ports of a stage's instances on one machine are (`contrail up --scale`):
+/// instance `i` listens on the default ports + `i` × this.
+pub const INSTANCE_PORT_STRIDE: u16 = 100;
+
+/// The most instances of one stage on one machine (their ports stay clear of every other port).
+pub const MAX_LOCAL_INSTANCES: u16 = 8;
+
+impl StageSpec {
+    /// HTTP port of instance `index` (0 = the default port) on one machine.
+    pub fn http_of(&self, index: u16) -> u16 {
+        self.http + index * INSTANCE_PORT_STRIDE
+    }
+
+    /// gRPC admin port of instance `index` (0 = the default port) on one machine.
+    pub fn grpc_of(&self, index: u16) -> u16 {
+        self.grpc + index * INSTANCE_PORT_STRIDE
+    }
+}
+
 /// The topic names (DESIGN §1), each stage's default.
 pub mod topics {
     /// Validated raw events from ingest (key: flight key).
@@ -99,5 +118,21 @@ mod tests {
         assert_eq!(topics.len(), topics::ALL.len());
         assert_eq!(stage("cosmos-writer"), Some(COSMOS_WRITER));
         assert_eq!(stage("cosmos"), None);
+    }
+
+    #[test]
+    fn every_instance_of_every_stage_has_ports_of_its_own() {
+        // The broker (9092), the Cosmos endpoint (8900) and the board (8000) of `contrail up` too.
+        let mut ports = vec![9092, 8900, 8000];
+        for stage in &STAGES {
+            for index in 0..MAX_LOCAL_INSTANCES {
+                ports.extend([stage.http_of(index), stage.grpc_of(index)]);
+            }
+        }
+        let count = ports.len();
+        ports.sort_unstable();
+        ports.dedup();
+        assert_eq!(ports.len(), count, "a port is shared");
+        assert_eq!((DEDUP_STATE.http_of(0), DEDUP_STATE.grpc_of(2)), (8081, 9291));
     }
 }

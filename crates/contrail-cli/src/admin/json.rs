@@ -8,11 +8,10 @@ use super::render::format_micros;
 use super::target::{Stage, Target};
 
 /// One stage's line of `status --json` without a stage.
-pub(super) fn summary_json(stage: Stage, port_offset: u16, answer: &Result<admin::StatusResponse>) -> Value {
-    let url = stage.local_url(port_offset).unwrap_or_default();
+pub(super) fn summary_json(stage: Stage, url: &str, answer: &Result<admin::StatusResponse>) -> Value {
     let target = Target {
         stage: Some(stage),
-        url,
+        url: url.to_owned(),
     };
     match answer {
         Ok(status) => {
@@ -204,14 +203,19 @@ mod tests {
     #[test]
     fn summary_json_marks_down_stages() {
         let down: Result<admin::StatusResponse> = Err(anyhow!("cannot reach cosmos-writer admin API"));
-        let parsed = summary_json(Stage::CosmosWriter, 10, &down);
+        let url = Stage::CosmosWriter.local_url(10).expect("in range");
+        let parsed = summary_json(Stage::CosmosWriter, &url, &down);
         assert_eq!(parsed["stage"], "cosmos-writer");
         assert_eq!(parsed["address"], "http://127.0.0.1:9202");
         assert_eq!(parsed["up"], false);
         assert_eq!(parsed["error"], "cannot reach cosmos-writer admin API");
 
         let up = Ok(sample_status());
-        let parsed = summary_json(Stage::DedupState, 0, &up);
+        let parsed = summary_json(
+            Stage::DedupState,
+            &Stage::DedupState.local_url(0).expect("in range"),
+            &up,
+        );
         assert_eq!(parsed["up"], true);
         assert_eq!(parsed["total_lag"], 42);
     }

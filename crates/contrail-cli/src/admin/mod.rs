@@ -262,33 +262,53 @@ pub async fn run(args: AdminArgs) -> Result<()> {
     print_out(&output)
 }
 
-/// `status` without a stage: asks all five local stages at once; a stage that cannot answer is
-/// shown as down with its error instead of failing the command.
+/// `status` without a stage: asks all five local stages at once — and the further instances of
+/// a stage `contrail up --scale` runs (on the stage's ports + 100 per instance), shown when they
+/// answer; a stage whose first instance cannot answer is shown as down with its error instead of
+/// failing the command.
 async fn status_of_every_stage(
     port_offset: u16,
     authorization: Option<AsciiMetadataValue>,
     timeout: Duration,
     as_json: bool,
 ) -> Result<()> {
-    let probes = Stage::ALL.into_iter().map(|stage| {
+    let places: Vec<(Stage, u16, String)> = Stage::ALL
+        .into_iter()
+        .flat_map(|stage| {
+            (0..contrail_common::topology::MAX_LOCAL_INSTANCES).filter_map(move |index| {
+                let url = stage.local_url_of(port_offset, index).ok()?;
+                Some((stage, index, url))
+            })
+        })
+        .collect();
+    let probes = places.iter().map(|(stage, index, url)| {
         let authorization = authorization.clone();
+        let target = Target {
+            stage: Some(*stage),
+            url: url.clone(),
+        };
+        // Further instances rarely exist: a refused connection says so at once.
+        let timeout = if *index == 0 {
+            timeout
+        } else {
+            timeout.min(Duration::from_secs(2))
+        };
         async move {
-            let url = stage.local_url(port_offset)?;
-            let target = Target {
-                stage: Some(stage),
-                url,
-            };
             let session = AdminSession::connect(target, authorization, timeout).await?;
             session.status().await
         }
     });
     let answers = futures::future::join_all(probes).await;
-    let stages_and_answers: Vec<(Stage, Result<admin::StatusResponse>)> =
-        Stage::ALL.into_iter().zip(answers).collect();
+    let stages_and_answers: Vec<(Stage, String, Result<admin::StatusResponse>)> = places
+        .into_iter()
+        .zip(answers)
+        .filter(|((_, index, _), answer)| *index == 0 || answer.is_ok())
+        .map(|((stage, _, url), answer)| (stage, url, answer))
+        .collect();
     if as_json {
         let lines: Vec<String> = stages_and_answers
             .iter()
-            .map(|(stage, answer)| summary_json(*stage, port_offset, answer).to_string())
+            .map(|(stage, url, answer)| summary_json(*stage, url, answer).to_string())
             .collect();
         return print_out(&lines.join("\n"));
     }
@@ -304,7 +324,7 @@ async fn status_of_every_stage(
         ("IN FLIGHT", Align::Right),
     ]);
     let mut failures = Vec::new();
-    for (stage, answer) in &stages_and_answers {
+    for (stage, _, answer) in &stages_and_answers {
         match answer {
             Ok(status) => table.push(vec![
                 stage.name().to_owned(),

@@ -41,11 +41,6 @@ impl Stage {
         self.spec().name
     }
 
-    /// The stage's admin gRPC port when its config does not set one.
-    pub(super) fn default_admin_port(self) -> u16 {
-        self.spec().grpc
-    }
-
     /// Parses a `--stage` value; the error names the bad value and lists the valid ones.
     pub(super) fn from_name(name: &str) -> Result<Stage, String> {
         Stage::ALL
@@ -59,7 +54,13 @@ impl Stage {
 
     /// `http://127.0.0.1:PORT` of the stage's admin API with every port shifted by `port_offset`.
     pub(super) fn local_url(self, port_offset: u16) -> Result<String> {
-        let default_port = self.default_admin_port();
+        self.local_url_of(port_offset, 0)
+    }
+
+    /// [`Stage::local_url`] of instance `index` of the stage on this machine (`contrail up
+    /// --scale`: the default ports + 100 per instance).
+    pub(super) fn local_url_of(self, port_offset: u16, index: u16) -> Result<String> {
+        let default_port = self.spec().grpc_of(index);
         let Some(port) = default_port.checked_add(port_offset) else {
             bail!(
                 "--port-offset {port_offset} moves the {} admin port {default_port} past 65535",

@@ -1,5 +1,5 @@
-//! Chaos: `kill -9` of one stage per interval (seeded rounds, so every stage is hit equally
-//! often), and among those kills the broker restarts and dedup-state volume losses asked for;
+//! Chaos: `kill -9` of one stage instance per interval (seeded rounds, so every instance is hit
+//! equally often), and among those kills the broker restarts and dedup-state volume losses asked for;
 //! from the start of the replay until it is done and every stage was killed often enough; then,
 //! while the platform stays up after the summary, a `kill -9` per interval again.
 
@@ -10,7 +10,7 @@ use anyhow::Context;
 
 use super::context::{Milestones, Up};
 use super::supervisor::Platform;
-use crate::platform::{ChaosPlan, STAGES};
+use crate::platform::{ChaosPlan, shard_dir};
 
 /// What chaos is asked to do.
 pub(super) struct ChaosSettings {
@@ -35,36 +35,72 @@ struct Chaos {
     tick: u64,
     broker_restarts_left: u32,
     volume_losses_left: u32,
-    /// dedup-state's shard directories (deleted by a volume loss).
-    shards: PathBuf,
+    /// The platform's working directory (dedup-state's shard directories and checkpoints are
+    /// under it).
+    workdir: PathBuf,
+    /// The first tick the next volume loss may strike.
+    next_volume_loss: u64,
+}
+
+/// Ticks between volume losses.
+const VOLUME_LOSS_EVERY: u64 = 9;
+
+/// The newest epoch in `checkpoints` with a manifest (a complete checkpoint a lost volume is
+/// restored from).
+fn newest_complete_epoch(checkpoints: &std::path::Path) -> Option<String> {
+    std::fs::read_dir(checkpoints)
+        .ok()?
+        .filter_map(Result::ok)
+        .filter(|entry| entry.path().join("MANIFEST.json").is_file())
+        .map(|entry| entry.file_name().to_string_lossy().into_owned())
+        .max()
 }
 
 impl Chaos {
     /// Strikes once; returns the line that says what happened.
     fn strike(&mut self, platform: &mut Platform) -> String {
         self.tick += 1;
-        if self.volume_losses_left > 0 && self.tick % 9 == 4 {
+        // A volume loss waits for a complete checkpoint (so the restore is what it exercises),
+        // at most three rounds; without one the stage reprocesses its partitions from the start.
+        let checkpoint = newest_complete_epoch(&self.workdir.join("checkpoints"));
+        if self.volume_losses_left > 0
+            && self.tick >= self.next_volume_loss
+            && (checkpoint.is_some() || self.tick >= self.next_volume_loss + 3 * VOLUME_LOSS_EVERY)
+        {
             self.volume_losses_left -= 1;
-            let shards = self.shards.clone();
-            let Some(dedup) = platform
-                .stages
-                .iter_mut()
-                .find(|stage| stage.name == "dedup-state")
+            self.next_volume_loss = self.tick + VOLUME_LOSS_EVERY;
+            let restores = match &checkpoint {
+                Some(epoch) => format!("it restores the newest complete checkpoint ({epoch} or newer)"),
+                None => "no complete checkpoint yet: it reprocesses its partitions from the start".to_owned(),
+            };
+            // The instances of dedup-state in turn.
+            let instances: Vec<usize> = platform
+                .replicas
+                .iter()
+                .enumerate()
+                .filter(|(_, replica)| replica.stage.name == "dedup-state")
+                .map(|(index, _)| index)
+                .collect();
+            let Some(&victim) = instances.get(platform.volume_losses as usize % instances.len().max(1))
             else {
                 return "chaos: no dedup-state to take the volume of".to_owned();
             };
+            let shards = shard_dir(&self.workdir, &platform.replicas[victim]);
+            let dedup = &mut platform.stages[victim];
             return match dedup.kill9_then_restart(|| {
                 std::fs::remove_dir_all(&shards).with_context(|| format!("deleting {}", shards.display()))
             }) {
                 Ok(()) => {
-                    platform.volume_losses += 1;
-                    format!(
-                        "chaos: kill -9 dedup-state and delete its volume ({}) → restarted as pid {}: it restores the newest checkpoint",
-                        self.shards.display(),
+                    let line = format!(
+                        "chaos: kill -9 {} and delete its volume ({}) → restarted as pid {}: {restores}",
+                        dedup.name,
+                        shards.display(),
                         dedup.pid()
-                    )
+                    );
+                    platform.volume_losses += 1;
+                    line
                 }
-                Err(error) => format!("chaos: volume loss of dedup-state failed: {error:#}"),
+                Err(error) => format!("chaos: volume loss of {} failed: {error:#}", dedup.name),
             };
         }
         if self.broker_restarts_left > 0 && self.tick % 13 == 6 {
@@ -100,12 +136,14 @@ impl Chaos {
 /// was asked; then marks chaos done (the checks may settle). With `after_summary`, strikes again
 /// once the summary is printed, until the platform stops.
 pub(super) fn spawn(up: Up, settings: ChaosSettings) -> tokio::task::JoinHandle<()> {
+    let instances = up.platform.with(|platform| platform.stages.len());
     let mut chaos = Chaos {
-        plan: ChaosPlan::new(settings.seed, STAGES.len()),
+        plan: ChaosPlan::new(settings.seed, instances),
         tick: 0,
         broker_restarts_left: settings.broker_restarts,
         volume_losses_left: settings.volume_losses,
-        shards: up.workdir.join("shards"),
+        workdir: up.workdir.clone(),
+        next_volume_loss: 4,
     };
     tokio::spawn(async move {
         // Chaos starts with the replay (the consumers have joined their groups by then).

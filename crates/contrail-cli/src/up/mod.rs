@@ -28,7 +28,7 @@ use tokio::sync::RwLock;
 
 use self::context::{Milestones, SharedPlatform, Up, set_phase};
 use crate::board::{Board, BoardMeta};
-use crate::platform::{Ports, STAGES};
+use crate::platform::{Ports, STAGES, Scale, StageSpec};
 use crate::replay::{Deliveries, FeedArgs, Target};
 use crate::store::Stores;
 
@@ -67,6 +67,13 @@ pub struct UpArgs {
     /// Partitions of every topic.
     #[arg(long, default_value_t = 4)]
     partitions: i32,
+    /// Run several instances of a stage, as pods of a scaled deployment: `STAGE=N`, comma-separated
+    /// or repeated (`--scale dedup-state=3,cosmos-writer=2,delta-archiver=2`). Instance i listens
+    /// on the stage's ports + 100·i and is called STAGE-i in logs, status, chaos and the summary;
+    /// the consumers share their groups' partitions (N ≤ --partitions), dedup-state-0 coordinates
+    /// the checkpoints, extra changefeed-sync instances take over leases. ingest runs once.
+    #[arg(long, value_name = "STAGE=N", value_delimiter = ',', value_parser = crate::platform::parse_scale)]
+    scale: Vec<(StageSpec, u16)>,
     /// Kill a stage with SIGKILL every `--chaos-interval-s` and restart it (every stage in turn,
     /// in a seeded random order), until the replay is done and every stage was killed
     /// `--chaos-min-kills` times.
@@ -142,6 +149,8 @@ pub async fn run(mut args: UpArgs) -> Result<()> {
             args.chaos_broker_restarts
         );
     }
+    let scale = Scale::new(&args.scale);
+    scale.check(args.partitions)?;
     workdir::prepare_workdir(&workdir)?;
     // The board listens first, so "is it up?" has an answer at once (its data routes answer 503
     // with the phase until the stores are open).
@@ -160,7 +169,7 @@ pub async fn run(mut args: UpArgs) -> Result<()> {
         let stop = stop_board.clone();
         crate::board::serve(board.clone(), listener, async move { stop.notified().await })
     });
-    workdir::write_endpoints(&workdir, ports)?;
+    workdir::write_endpoints(&workdir, ports, &scale)?;
     println!("flight board: http://{board_address}/ (starting)");
     // Load the flights before any process: a bad date range or feed file fails before anything
     // starts. (CPU work off the runtime's threads: the board answers meanwhile.)
@@ -210,15 +219,16 @@ pub async fn run(mut args: UpArgs) -> Result<()> {
     };
     workdir::write_secret(&workdir.join("ingest-token"), &ingest_token)?;
     let started = Instant::now();
-    let platform = match supervisor::start_platform(&args, ports, &workdir, &ingest_token, &meta).await {
-        Ok(platform) => SharedPlatform::new(platform),
-        Err(error) => {
-            set_phase(&meta, &format!("failed to start: {error:#}")).await;
-            stop_board.notify_one();
-            let _ = board_task.await;
-            return Err(error);
-        }
-    };
+    let platform =
+        match supervisor::start_platform(&args, &scale, ports, &workdir, &ingest_token, &meta).await {
+            Ok(platform) => SharedPlatform::new(platform),
+            Err(error) => {
+                set_phase(&meta, &format!("failed to start: {error:#}")).await;
+                stop_board.notify_one();
+                let _ = board_task.await;
+                return Err(error);
+            }
+        };
     let up = Up {
         ports,
         workdir: workdir.clone(),
@@ -333,7 +343,8 @@ impl Run<'_> {
 
         up.say("waiting for the consumers to join their groups…");
         up.set_phase("starting: the consumers join their groups").await;
-        let waiting = status::wait_assigned(ports, status::ASSIGNMENT_TIMEOUT).await;
+        let replicas = up.platform.with(|platform| platform.replicas.clone());
+        let waiting = status::wait_assigned(ports, &replicas, status::ASSIGNMENT_TIMEOUT).await;
         if !waiting.is_empty() {
             up.say(format!(
                 "still without partitions after {} s: {}; replaying anyway",

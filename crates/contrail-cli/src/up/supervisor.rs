@@ -11,13 +11,16 @@ use tokio::sync::RwLock;
 use super::UpArgs;
 use super::context::{Up, set_phase};
 use crate::board::BoardMeta;
-use crate::platform::{Managed, Ports, STAGES, sibling_binary, stage_env, tansu_binary};
+use crate::platform::{Managed, Ports, Replica, Scale, sibling_binary, stage_env, tansu_binary};
 
 /// The running processes.
 pub(super) struct Platform {
     pub(super) broker: Managed,
     pub(super) cosmos: Managed,
+    /// Every instance of every stage, in pipeline order.
     pub(super) stages: Vec<Managed>,
+    /// Which instance each of `stages` is.
+    pub(super) replicas: Vec<Replica>,
     /// Set by `shutdown`: the supervisor restarts nothing any more.
     pub(super) stopping: bool,
     /// Broker restarts and dedup-state volume losses chaos caused.
@@ -55,11 +58,12 @@ impl Platform {
     }
 }
 
-/// How long the five stages have, together, to answer `/healthz` after they were spawned.
+/// How long the stages' instances have, together, to answer `/healthz` after they were spawned.
 const STAGES_LIVE_TIMEOUT: Duration = Duration::from_secs(180);
 
 pub(super) async fn start_platform(
     args: &UpArgs,
+    scale: &Scale,
     ports: Ports,
     workdir: &Path,
     ingest_token: &str,
@@ -143,9 +147,11 @@ pub(super) async fn start_platform(
         .await
         .context("creating the Cosmos database and containers")?;
 
+    let replicas = scale.replicas();
     let mut stages = Vec::new();
-    for stage in &STAGES {
-        let mut env = stage_env(stage, ports, workdir, args.partitions);
+    for replica in &replicas {
+        let stage = &replica.stage;
+        let mut env = stage_env(replica, ports, workdir, args.partitions);
         env.push(("RUST_LOG".to_owned(), "info".to_owned()));
         if stage.name == "ingest" {
             // Writers need the token; the admin API stays open on loopback like the other
@@ -157,12 +163,13 @@ pub(super) async fn start_platform(
             env.push(("CONTRAIL_ADMIN_AUTH__TOKENS".to_owned(), "[]".to_owned()));
         }
         let binary = sibling_binary(stage.name)?;
+        let name = replica.name();
         stages.push(Managed::spawn(
-            stage.name,
+            &name,
             &binary,
             &[],
             &env,
-            &logs.join(format!("{}.log", stage.name)),
+            &logs.join(format!("{name}.log")),
         )?);
     }
     // Every stage is live (`/healthz`) within one deadline, checked together; a stage that exits
@@ -171,15 +178,15 @@ pub(super) async fn start_platform(
     let deadline = Instant::now() + STAGES_LIVE_TIMEOUT;
     loop {
         let mut not_live = Vec::new();
-        for (stage, managed) in STAGES.iter().zip(&mut stages) {
+        for (replica, managed) in replicas.iter().zip(&mut stages) {
             if let Some(status) = managed.exited() {
                 bail!(
                     "{} exited at start ({status}):\n{}",
-                    stage.name,
+                    managed.name,
                     managed.log_tail(20)
                 );
             }
-            let url = format!("http://127.0.0.1:{}/healthz", ports.http(stage));
+            let url = format!("http://127.0.0.1:{}/healthz", ports.http_of(replica));
             let live = client
                 .get(&url)
                 .timeout(Duration::from_secs(2))
@@ -187,14 +194,14 @@ pub(super) async fn start_platform(
                 .await
                 .is_ok_and(|response| response.status().is_success());
             if !live {
-                not_live.push((stage.name, managed.log_tail(10)));
+                not_live.push((managed.name.clone(), managed.log_tail(10)));
             }
         }
         if not_live.is_empty() {
             break;
         }
         if Instant::now() > deadline {
-            let names: Vec<&str> = not_live.iter().map(|(name, _)| *name).collect();
+            let names: Vec<&str> = not_live.iter().map(|(name, _)| name.as_str()).collect();
             let logs: Vec<String> = not_live
                 .iter()
                 .map(|(name, tail)| format!("--- {name} ---\n{tail}"))
@@ -212,6 +219,7 @@ pub(super) async fn start_platform(
         broker,
         cosmos,
         stages,
+        replicas,
         stopping: false,
         broker_restarts: 0,
         volume_losses: 0,

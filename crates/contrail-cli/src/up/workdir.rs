@@ -6,7 +6,7 @@ use std::path::Path;
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 
-use crate::platform::{Ports, STAGES};
+use crate::platform::{Ports, STAGES, Scale};
 
 /// Marks a directory `contrail up` made, so it only ever empties its own.
 const WORKDIR_MARKER: &str = ".contrail-up";
@@ -62,15 +62,28 @@ pub(super) fn write_secret(path: &Path, secret: &str) -> Result<()> {
     writeln!(file, "{secret}").with_context(|| format!("writing {}", path.display()))
 }
 
-pub(super) fn write_endpoints(workdir: &Path, ports: Ports) -> Result<()> {
+pub(super) fn write_endpoints(workdir: &Path, ports: Ports, scale: &Scale) -> Result<()> {
+    let replicas = scale.replicas();
     let stages: serde_json::Map<String, Value> = STAGES
         .iter()
         .map(|stage| {
+            let instances: Vec<Value> = replicas
+                .iter()
+                .filter(|replica| replica.stage == *stage)
+                .map(|replica| {
+                    json!({
+                        "name": replica.name(),
+                        "http": format!("http://127.0.0.1:{}", ports.http_of(replica)),
+                        "grpc": format!("http://127.0.0.1:{}", ports.grpc_of(replica)),
+                    })
+                })
+                .collect();
             (
                 stage.name.to_owned(),
                 json!({
                     "http": format!("http://127.0.0.1:{}", ports.http(stage)),
                     "grpc": format!("http://127.0.0.1:{}", ports.grpc(stage)),
+                    "instances": instances,
                 }),
             )
         })
