@@ -191,8 +191,23 @@ impl Browser {
     /// Clicks the first element matching the CSS selector `css`, as a user would (scrolled into
     /// view, at its centre).
     pub fn click(&self, css: &str) -> Result<()> {
-        let element = self.call(&format!("finding {css:?}"), self.client.find(Locator::Css(css)))?;
-        self.call(&format!("clicking {css:?}"), element.click())
+        // A page that re-renders (the board refreshes its rows every 2 s) can replace the element
+        // between finding and clicking it ("stale element reference", seen in CI): find it again.
+        for _ in 0..10 {
+            let element = self.call(&format!("finding {css:?}"), self.client.find(Locator::Css(css)))?;
+            let clicked = self.call(&format!("clicking {css:?}"), async {
+                match element.click().await {
+                    Ok(()) => Ok(true),
+                    Err(error) if error.is_stale_element_reference() => Ok(false),
+                    Err(error) => Err(error),
+                }
+            })?;
+            if clicked {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        bail!("clicking {css:?}: the element was replaced before every one of 10 clicks")
     }
 
     /// Calls `probe` until it reports [`Probe::Ready`], for at most `timeout` (see
