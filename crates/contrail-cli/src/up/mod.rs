@@ -71,7 +71,7 @@ pub struct UpArgs {
     /// or repeated (`--scale dedup-state=3,cosmos-writer=2,delta-archiver=2`). Instance i listens
     /// on the stage's ports + 100·i and is called STAGE-i in logs, status, chaos and the summary;
     /// the consumers share their groups' partitions (N ≤ --partitions), dedup-state-0 coordinates
-    /// the checkpoints, extra changefeed-sync instances take over leases. ingest runs once.
+    /// the checkpoints, changefeed-sync instances share the change feed's leases. ingest runs once.
     #[arg(long, value_name = "STAGE=N", value_delimiter = ',', value_parser = crate::platform::parse_scale)]
     scale: Vec<(StageSpec, u16)>,
     /// Kill a stage with SIGKILL every `--chaos-interval-s` and restart it (every stage in turn,
