@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use azure_data_cosmos::FeedScope;
 use azure_data_cosmos::feed::ContinuationToken;
 use azure_data_cosmos::options::{ChangeFeedOptions, ChangeFeedStartFrom, MaxItemCountHint};
+use contrail_common::trace::TraceParent;
 use contrail_proto::v1::ServingChange;
 use futures::StreamExt;
 use prost::Message as _;
@@ -65,6 +66,15 @@ pub(crate) async fn poll_once(
         }
         empty_pages = 0;
         let read_at = Instant::now();
+        // A span per page, from its arrival until its changes are published and the lease
+        // advanced (serving documents carry no trace context: the page starts its own trace).
+        let page_span = tracing::info_span!(
+            "changefeed-sync.page",
+            cosmos.feed_range = range_text,
+            items = items.len(),
+            published = tracing::field::Empty,
+            last_lsn = tracing::field::Empty,
+        );
         let mut changes: Vec<ServingChange> = Vec::with_capacity(items.len());
         for item in &items {
             let Some(document) = item.current() else {
@@ -82,6 +92,8 @@ pub(crate) async fn poll_once(
         label_physical_ranges(shared, &mut changes, &mut published_lsn).await?;
         // Handed to the producer one after the other, in the page's order (a full queue is
         // waited out before the next change), then every acknowledgement is awaited.
+        // The changes carry the page's context: their Delta rows continue the page's trace.
+        let page_trace = TraceParent::of_span(&page_span);
         let mut deliveries = Vec::with_capacity(changes.len());
         for change in &changes {
             let payload = change.encode_to_vec();
@@ -91,6 +103,7 @@ pub(crate) async fn poll_once(
                     &shared.config.topics.changes,
                     &change.flight_key,
                     &payload,
+                    page_trace.as_ref(),
                 )
                 .await?,
             );
@@ -128,6 +141,8 @@ pub(crate) async fn poll_once(
         next.published = next.published.saturating_add(changes.len() as u64);
         next.renewed_at_ms = now_ms();
         *document = shared.store.replace(&next).await?;
+        page_span.record("published", changes.len());
+        page_span.record("last_lsn", document.last_lsn);
         let lag = (now_ms() / 1000 - document.last_ts).max(0) as f64;
         update_board(shared, &document, lag);
     }
@@ -168,9 +183,13 @@ async fn enqueue(
     topic: &str,
     key: &str,
     payload: &[u8],
+    trace: Option<&TraceParent>,
 ) -> Result<rdkafka::producer::DeliveryFuture, ChangefeedError> {
     loop {
-        let record = FutureRecord::to(topic).key(key).payload(payload);
+        let mut record = FutureRecord::to(topic).key(key).payload(payload);
+        if let Some(trace) = trace {
+            record = record.headers(trace.record_headers());
+        }
         match producer.send_result(record) {
             Ok(delivery) => return Ok(delivery),
             Err((

@@ -490,16 +490,17 @@ fn spawn(
         .with_context(|| format!("opening {}", log.display()))?;
     let mut command = Command::new(binary);
     // A stage gets its own settings only: `CONTRAIL_*` variables of the user's shell (meant for
-    // the `contrail` tool, or for another stage) would be unknown keys to it.
+    // the `contrail` tool, or for another stage) would be unknown keys to it, and it exports spans
+    // only under --otlp-endpoint (which puts the `OTEL_*` settings in `env`).
     for (key, _) in std::env::vars_os() {
-        if key.to_string_lossy().starts_with("CONTRAIL_") {
+        let key_text = key.to_string_lossy();
+        if key_text.starts_with("CONTRAIL_") || key_text.starts_with("OTEL_") {
             command.env_remove(&key);
         }
     }
     command
         .args(args)
         .envs(env.iter().map(|(key, value)| (key, value)))
-        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
         .stdin(Stdio::null())
         .stdout(file.try_clone()?)
         .stderr(file);

@@ -20,5 +20,6 @@ pub mod shutdown;
 pub mod stage;
 pub mod telemetry;
 pub mod topology;
+pub mod trace;
 
 pub use error::CommonError;

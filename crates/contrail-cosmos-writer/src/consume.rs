@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use contrail_common::dead_letter::Unprocessable;
 use contrail_common::shutdown::Shutdown;
+use contrail_common::trace::TraceParent;
 use contrail_flight::document::flight_document;
 use contrail_proto::v1::{FlightState, SourcePosition};
 use futures::StreamExt;
@@ -20,6 +21,7 @@ use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::message::{Message, OwnedMessage};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Offset, TopicPartitionList};
+use tracing::Instrument;
 
 use crate::config::CosmosWriterConfig;
 use crate::error::CosmosWriterError;
@@ -129,10 +131,21 @@ impl Loop<'_> {
     async fn start(&self, write: Write<Carried>) -> (Write<Carried>, Result<Outcome, WriteError>) {
         let shutdown = self.shutdown.clone();
         let stopping = move || shutdown.is_triggered();
+        let span = write_span(&write);
         let outcome = self
             .writer
             .write(&write.key, write.version, &write.item.0, &stopping)
+            .instrument(span.clone())
             .await;
+        span.record(
+            "cosmos.outcome",
+            match &outcome {
+                Ok(Outcome::Written) => "written",
+                Ok(Outcome::Stale) => "stale",
+                Err(WriteError::Fatal(_)) => "refused",
+                Err(WriteError::Stopping) => "stopping",
+            },
+        );
         (write, outcome)
     }
 
@@ -191,9 +204,12 @@ impl Loop<'_> {
             content_type: "application/x-protobuf; contrail.v1.FlightState".to_owned(),
         }
         .dead_letter("cosmos-writer", reason, 0, self.config.kafka.max_message_bytes());
-        let record = FutureRecord::to(&self.config.topics.dlq)
+        let mut record = FutureRecord::to(&self.config.topics.dlq)
             .key(key)
             .payload(&payload);
+        if let Some(trace) = TraceParent::of_record(message.headers()) {
+            record = record.headers(trace.record_headers());
+        }
         match self.dlq.send(record, Duration::from_secs(300)).await {
             Ok(_) => Ok(()),
             Err((error, _)) => {
@@ -247,6 +263,30 @@ impl Loop<'_> {
             }
             Err(error) => tracing::warn!(%error, "offset commit failed; the records will be redelivered"),
         }
+    }
+}
+
+/// The span of a write whose record is traced and sampled (a child of the record's context; the
+/// write carries the newest version of its flight — records it coalesced are not linked), else
+/// none.
+fn write_span(write: &Write<Carried>) -> tracing::Span {
+    let record = &write.item.1;
+    match TraceParent::of_record(record.headers()).filter(TraceParent::sampled) {
+        Some(parent) => {
+            let span = tracing::info_span!(
+                parent: None,
+                "cosmos-writer.write",
+                flight.key = %write.key,
+                flight.version = write.version,
+                messaging.kafka.partition = record.partition(),
+                messaging.kafka.offset = record.offset(),
+                cosmos.outcome = tracing::field::Empty,
+                cosmos.request_charge = tracing::field::Empty,
+            );
+            parent.adopt(&span);
+            span
+        }
+        None => tracing::Span::none(),
     }
 }
 

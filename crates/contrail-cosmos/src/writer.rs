@@ -143,6 +143,8 @@ impl DocumentWriter {
     fn charge(&self, headers: &azure_data_cosmos::models::ResponseHeaders) {
         if let Some(charge) = headers.request_charge() {
             self.metrics.request_units.inc_by(charge.value());
+            // On the write's span, when it has one (cosmos-writer's span of a traced record).
+            tracing::Span::current().record("cosmos.request_charge", charge.value());
         }
     }
 

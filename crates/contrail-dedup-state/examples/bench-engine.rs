@@ -87,6 +87,7 @@ fn input_records(inputs: &[Input]) -> Vec<InputRecord<'_>> {
             key: &input.key,
             payload: &input.payload,
             offset: input.offset,
+            trace: None,
         })
         .collect()
 }

@@ -311,7 +311,7 @@ mod tests {
             let inputs: Vec<InputRecord<'_>> = records
                 .iter()
                 .enumerate()
-                .map(|(offset, (key, payload))| InputRecord { key, payload, offset: offset as i64 })
+                .map(|(offset, (key, payload))| InputRecord { key, payload, offset: offset as i64, trace: None })
                 .collect();
             let mut processor = FlightProcessor::new(Rules::default(), topics(), 0, None, 1_000_000);
             let result = shard
@@ -388,6 +388,7 @@ mod tests {
                 key,
                 payload: &old,
                 offset: 0,
+                trace: None,
             }];
             shard
                 .process_batch(&inputs, &mut EarlierVersion, &config, 0)
@@ -400,11 +401,13 @@ mod tests {
                 key,
                 payload: &old,
                 offset: 1,
+                trace: None,
             },
             InputRecord {
                 key,
                 payload: &new,
                 offset: 2,
+                trace: None,
             },
         ];
         let mut processor = FlightProcessor::new(Rules::default(), topics(), 0, None, 1_000_000);
@@ -442,11 +445,13 @@ mod tests {
                 key,
                 payload: &payload,
                 offset: 0,
+                trace: None,
             },
             InputRecord {
                 key,
                 payload: &payload,
                 offset: 1,
+                trace: None,
             },
         ];
         let mut processor = FlightProcessor::new(Rules::default(), topics(), 0, None, 1_000_000);
@@ -509,6 +514,7 @@ mod tests {
                 key: event.flight_key.as_bytes(),
                 payload,
                 offset: 100 + offset as i64,
+                trace: None,
             })
             .collect();
         let config = EngineConfig {

@@ -13,11 +13,12 @@ use std::sync::mpsc::{Receiver, Sender};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use contrail_common::trace::{self, TRACEPARENT, TraceParent};
 use contrail_state::checkpoints::CheckpointStore;
 use contrail_state::protocol::{self, LocalShard, RestorePlan};
 use contrail_state::{Checkpointer, EngineConfig, InputRecord, OutboxRecord, Shard, StateError};
 use rdkafka::error::KafkaError;
-use rdkafka::message::Message;
+use rdkafka::message::{Header, Message, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::{ClientContext, Offset};
 
@@ -474,9 +475,16 @@ impl ShardSet {
         };
         let mut attempts = 0u32;
         loop {
-            let base = BaseRecord::with_opaque_to(&record.topic, Box::new((partition, generation, sequence)))
-                .key(&record.key)
-                .payload(&record.payload);
+            let mut base =
+                BaseRecord::with_opaque_to(&record.topic, Box::new((partition, generation, sequence)))
+                    .key(&record.key)
+                    .payload(&record.payload);
+            if let Some(trace) = &record.trace {
+                base = base.headers(OwnedHeaders::new_with_capacity(1).insert(Header {
+                    key: TRACEPARENT,
+                    value: Some(trace.as_slice()),
+                }));
+            }
             match self.producer.send(base) {
                 Ok(()) => return Ok(()),
                 Err((KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull), _)) => {
@@ -546,10 +554,12 @@ impl ShardSet {
         };
         self.acknowledge_queued(partition, generation, shard);
         let from = shard.progress().next_offset.unwrap_or(i64::MIN);
+        let records: Vec<&OwnedRecord> = records.iter().filter(|record| record.offset >= from).collect();
+        let traced = TracedBatch::new(partition, &records);
         let inputs: Vec<InputRecord<'_>> = records
             .iter()
-            .filter(|record| record.offset >= from)
-            .map(|record| InputRecord {
+            .zip(&traced.contexts)
+            .map(|(record, trace)| InputRecord {
                 key: if record.key.is_empty() || record.key.contains(&0) {
                     INVALID_KEY
                 } else {
@@ -557,6 +567,7 @@ impl ShardSet {
                 },
                 payload: &record.payload,
                 offset: record.offset,
+                trace: trace.as_deref().map(str::as_bytes),
             })
             .collect();
         let Some(first) = inputs.first() else {
@@ -578,14 +589,17 @@ impl ShardSet {
             self.processing.max_message_bytes,
         );
         let now_us = chrono::Utc::now().timestamp_micros();
-        let result = shard.process_batch(
-            &inputs,
-            &mut processor,
-            &EngineConfig {
-                allowed_lateness_us: lateness_us,
-            },
-            now_us,
-        )?;
+        let result = traced.batch.in_scope(|| {
+            shard.process_batch(
+                &inputs,
+                &mut processor,
+                &EngineConfig {
+                    allowed_lateness_us: lateness_us,
+                },
+                now_us,
+            )
+        })?;
+        traced.batch.record("outputs", result.outputs.len());
         let next_offset = shard.progress().next_offset.unwrap_or(-1);
         if next_offset % 64 == 0 || result.records >= 64 {
             let bytes = shard.approximate_size_bytes();
@@ -701,6 +715,62 @@ pub(crate) enum Processed {
     },
 }
 
+/// The trace side of a batch: a span for the batch, linked to a span per sampled record (a child
+/// of the record's context, open until the batch's outputs are handed to the producer); the
+/// context each record's outputs carry ([`contrail_common::trace::continued`]).
+struct TracedBatch {
+    batch: tracing::Span,
+    contexts: Vec<Option<String>>,
+    /// Kept open while the batch is processed and produced.
+    _records: Vec<tracing::Span>,
+}
+
+impl TracedBatch {
+    fn new(partition: i32, records: &[&OwnedRecord]) -> TracedBatch {
+        let mut spans = Vec::new();
+        let mut links = Vec::new();
+        let contexts = records
+            .iter()
+            .map(|record| {
+                let parent = record.trace?;
+                if !parent.sampled() {
+                    return Some(parent.header());
+                }
+                let span = tracing::info_span!(
+                    parent: None,
+                    "dedup-state.record",
+                    flight.key = %String::from_utf8_lossy(&record.key),
+                    messaging.kafka.partition = partition,
+                    messaging.kafka.offset = record.offset,
+                );
+                parent.adopt(&span);
+                let context = trace::continued(Some(parent), &span);
+                if let Some(own) = context.filter(|own| *own != parent) {
+                    links.push(own);
+                }
+                spans.push(span);
+                context.map(|context| context.header())
+            })
+            .collect();
+        let batch = tracing::info_span!(
+            parent: None,
+            "dedup-state.batch",
+            messaging.kafka.partition = partition,
+            records = records.len(),
+            traced = spans.len(),
+            outputs = tracing::field::Empty,
+        );
+        for link in links {
+            link.link_from(&batch);
+        }
+        TracedBatch {
+            batch,
+            contexts,
+            _records: spans,
+        }
+    }
+}
+
 /// A polled record, copied out of librdkafka's buffer.
 pub(crate) struct OwnedRecord {
     pub(crate) offset: i64,
@@ -708,6 +778,8 @@ pub(crate) struct OwnedRecord {
     payload: Vec<u8>,
     /// The record's broker timestamp (create or append time), ms.
     timestamp_ms: Option<i64>,
+    /// Its trace context (the `traceparent` header), if it carries one.
+    trace: Option<TraceParent>,
 }
 
 #[cfg(test)]
@@ -719,6 +791,7 @@ impl OwnedRecord {
             key: Vec::new(),
             payload: Vec::new(),
             timestamp_ms: None,
+            trace: None,
         }
     }
 }
@@ -730,6 +803,7 @@ impl<M: Message> From<&M> for OwnedRecord {
             key: message.key().unwrap_or_default().to_vec(),
             payload: message.payload().unwrap_or_default().to_vec(),
             timestamp_ms: message.timestamp().to_millis(),
+            trace: TraceParent::of_record(message.headers()),
         }
     }
 }

@@ -11,12 +11,14 @@ use std::time::{Duration, Instant};
 use contrail_common::dead_letter::Unprocessable;
 use contrail_common::server::Health;
 use contrail_common::shutdown::Shutdown;
+use contrail_common::trace::TraceParent;
 use contrail_history::Table;
 use contrail_proto::v1::SourcePosition;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::message::{Message, OwnedMessage};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Offset, TopicPartitionList};
+use tracing::Instrument;
 
 use crate::applied::{AppliedPositions, Decision};
 use crate::config::DeltaArchiverConfig;
@@ -47,6 +49,8 @@ pub(crate) struct PartitionProgress {
     dead: Vec<(OwnedMessage, String)>,
     /// Last offset taken into the current batch.
     last: Option<i64>,
+    /// Spans of the batch's traced (sampled) records, open until their rows are committed.
+    traced: Vec<tracing::Span>,
 }
 
 /// The archiving loop and everything it holds.
@@ -341,6 +345,21 @@ impl Archiver<'_> {
                 if decision == Decision::Apply {
                     self.batch_bytes += row.weight();
                     progress.rows.push(row);
+                    if let Some(parent) =
+                        TraceParent::of_record(message.headers()).filter(TraceParent::sampled)
+                    {
+                        let span = tracing::info_span!(
+                            parent: None,
+                            "delta-archiver.archive",
+                            delta.table = table.name(),
+                            messaging.kafka.topic = %topic,
+                            messaging.kafka.partition = partition,
+                            messaging.kafka.offset = offset,
+                            delta.version = tracing::field::Empty,
+                        );
+                        parent.adopt(&span);
+                        progress.traced.push(span);
+                    }
                 } else {
                     self.metrics.duplicates.with_label_values(&[table.name()]).inc();
                 }
@@ -401,6 +420,7 @@ impl Archiver<'_> {
             rows: Vec::new(),
             dead: Vec::new(),
             last: None,
+            traced: Vec::new(),
         })
     }
 
@@ -436,9 +456,38 @@ impl Archiver<'_> {
                 .flat_map(|progress| progress.rows.iter())
                 .collect();
             let row_count = rows.len();
-            let outcome = self.tables.commit(table, &rows, &txns, self.metrics).await?;
+            let commit_span = tracing::info_span!(
+                parent: None,
+                "delta-archiver.commit",
+                delta.table = table.name(),
+                rows = row_count,
+                partitions = keys.len(),
+                delta.version = tracing::field::Empty,
+                outcome = tracing::field::Empty,
+            );
+            for traced in keys
+                .iter()
+                .filter_map(|key| self.partitions.get(key))
+                .flat_map(|progress| progress.traced.iter())
+                .filter_map(TraceParent::of_span)
+            {
+                traced.link_from(&commit_span);
+            }
+            let outcome = self
+                .tables
+                .commit(table, &rows, &txns, self.metrics)
+                .instrument(commit_span.clone())
+                .await?;
+            commit_span.record(
+                "outcome",
+                match &outcome {
+                    CommitOutcome::Committed { .. } => "committed",
+                    CommitOutcome::Fenced(_) => "fenced",
+                },
+            );
             match outcome {
                 CommitOutcome::Committed { version, files, .. } => {
+                    commit_span.record("delta.version", version);
                     self.storage_answers();
                     self.metrics
                         .rows
@@ -461,6 +510,9 @@ impl Archiver<'_> {
                             progress.applied.committed();
                             progress.rows.clear();
                             progress.dead.clear();
+                            for span in progress.traced.drain(..) {
+                                span.record("delta.version", version);
+                            }
                             let _ = offsets.add_partition_offset(&key.0, key.1, Offset::Offset(last + 1));
                             if let Ok(mut positions) = self.positions.lock() {
                                 positions.insert((key.0.to_string(), key.1), last + 1);
@@ -556,9 +608,12 @@ impl Archiver<'_> {
                 chrono::Utc::now().timestamp_micros(),
                 self.config.kafka.max_message_bytes(),
             );
-            let record = FutureRecord::to(&self.config.topics.dlq)
+            let mut record = FutureRecord::to(&self.config.topics.dlq)
                 .key(key)
                 .payload(&payload);
+            if let Some(trace) = TraceParent::of_record(message.headers()) {
+                record = record.headers(trace.record_headers());
+            }
             // Without the dead letter acknowledged the batch must not be committed.
             self.dlq
                 .send(record, Duration::from_secs(300))

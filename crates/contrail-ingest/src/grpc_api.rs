@@ -8,6 +8,7 @@
 use std::sync::Arc;
 
 use contrail_common::admin::AdminControls;
+use contrail_common::trace::{TRACEPARENT, TraceParent};
 use contrail_events::BodyRecord;
 use contrail_proto::admin::v1 as admin;
 use contrail_proto::ingest::v1 as ingest;
@@ -39,6 +40,7 @@ impl IngestGrpc {
         &self,
         events: Vec<ingest::EventInput>,
         first_index: usize,
+        parent: Option<TraceParent>,
     ) -> Result<ingest::PublishResponse, Status> {
         if events.len() > self.max_records_per_request {
             return Err(Status::invalid_argument(format!(
@@ -58,7 +60,7 @@ impl IngestGrpc {
             .collect();
         let outcome = self
             .pipeline
-            .publish(records, &Origin::Grpc)
+            .publish_traced(records, &Origin::Grpc, parent)
             .await
             .map_err(status_of)?;
         if outcome.failed > 0 {
@@ -189,7 +191,8 @@ impl ingest::ingest_service_server::IngestService for IngestGrpc {
         &self,
         request: Request<ingest::PublishRequest>,
     ) -> Result<Response<ingest::PublishResponse>, Status> {
-        self.publish_batch(request.into_inner().events, 0)
+        let parent = traceparent_of(request.metadata());
+        self.publish_batch(request.into_inner().events, 0, parent)
             .await
             .map(Response::new)
     }
@@ -198,13 +201,14 @@ impl ingest::ingest_service_server::IngestService for IngestGrpc {
         &self,
         request: Request<Streaming<ingest::PublishRequest>>,
     ) -> Result<Response<ingest::PublishResponse>, Status> {
+        let parent = traceparent_of(request.metadata());
         let mut stream = request.into_inner();
         let mut total = ingest::PublishResponse::default();
         let mut next_index = 0usize;
         while let Some(message) = stream.next().await {
             let events = message?.events;
             let batch_size = events.len();
-            let response = self.publish_batch(events, next_index).await?;
+            let response = self.publish_batch(events, next_index, parent).await?;
             next_index += batch_size;
             total.accepted += response.accepted;
             total.rejected += response.rejected;
@@ -212,6 +216,13 @@ impl ingest::ingest_service_server::IngestService for IngestGrpc {
         }
         Ok(Response::new(total))
     }
+}
+
+/// The request's trace context (`traceparent` metadata), if it carries a valid one.
+fn traceparent_of(metadata: &tonic::metadata::MetadataMap) -> Option<TraceParent> {
+    metadata
+        .get(TRACEPARENT)
+        .and_then(|value| TraceParent::parse(value.as_bytes()))
 }
 
 /// Implements `contrail.admin.v1.AdminService` for ingest: status, pause/resume, drain.

@@ -22,6 +22,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use contrail_common::auth::BearerTokens;
+use contrail_common::trace::{TRACEPARENT, TraceParent};
 use contrail_events::{BodyError, split_body};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -128,7 +129,14 @@ async fn post_events(
             );
         }
     };
-    match state.pipeline.publish(records, &Origin::Http).await {
+    let parent = headers
+        .get(TRACEPARENT)
+        .and_then(|value| TraceParent::parse(value.as_bytes()));
+    match state
+        .pipeline
+        .publish_traced(records, &Origin::Http, parent)
+        .await
+    {
         Ok(outcome) => outcome_response(&outcome, params.results.as_deref() == Some("failures")),
         Err(error) => ingest_error_response(&error),
     }

@@ -14,11 +14,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use contrail_common::trace::{self, TraceParent};
 use contrail_events::{BodyRecord, FieldError, Limits, validate_json, validate_record};
 use contrail_proto::v1::DeadLetter;
 use prost::Message;
 use rdkafka::producer::BaseRecord;
 use tokio::sync::Semaphore;
+use tracing::Instrument;
 
 use crate::delivery::{IngestProducer, Pending, Request};
 use crate::error::IngestError;
@@ -202,6 +204,58 @@ impl Pipeline {
         records: Vec<BodyRecord>,
         origin: &Origin,
     ) -> Result<BatchOutcome, IngestError> {
+        self.publish_traced(records, origin, None).await
+    }
+
+    /// [`Pipeline::publish`] for a request that may carry a trace context (`traceparent`): the
+    /// request's span continues that trace (or starts one), and every record produced carries the
+    /// span's context in its `traceparent` header.
+    pub async fn publish_traced(
+        &self,
+        records: Vec<BodyRecord>,
+        origin: &Origin,
+        parent: Option<TraceParent>,
+    ) -> Result<BatchOutcome, IngestError> {
+        let span = tracing::info_span!(
+            "ingest.request",
+            origin = origin.label(),
+            records = records.len(),
+            accepted = tracing::field::Empty,
+            rejected = tracing::field::Empty,
+            failed = tracing::field::Empty,
+            event.id = tracing::field::Empty,
+            flight.key = tracing::field::Empty,
+        );
+        if let Some(parent) = parent {
+            parent.adopt(&span);
+        }
+        let context = trace::continued(parent, &span);
+        let outcome = self
+            .publish_in_trace(records, origin, context)
+            .instrument(span.clone())
+            .await;
+        if let Ok(outcome) = &outcome {
+            span.record("accepted", outcome.accepted);
+            span.record("rejected", outcome.rejected);
+            span.record("failed", outcome.failed);
+            if let [record] = outcome.records.as_slice() {
+                if let Some(event_id) = &record.event_id {
+                    span.record("event.id", event_id.as_str());
+                }
+                if let Some(flight_key) = &record.flight_key {
+                    span.record("flight.key", flight_key.as_str());
+                }
+            }
+        }
+        outcome
+    }
+
+    async fn publish_in_trace(
+        &self,
+        records: Vec<BodyRecord>,
+        origin: &Origin,
+        context: Option<TraceParent>,
+    ) -> Result<BatchOutcome, IngestError> {
         let inner = &self.inner;
         let label = origin.label();
         if self.is_paused() {
@@ -257,9 +311,12 @@ impl Pipeline {
                     flight_key,
                     payload,
                 } => {
-                    let record = BaseRecord::with_opaque_to(&inner.topics.raw, request.record(index))
+                    let mut record = BaseRecord::with_opaque_to(&inner.topics.raw, request.record(index))
                         .key(flight_key.as_bytes())
                         .payload(&payload);
+                    if let Some(context) = &context {
+                        record = record.headers(context.record_headers());
+                    }
                     enqueue(&inner.producer, record, &request, index);
                     outcomes.push(RecordOutcome {
                         index,
@@ -274,9 +331,12 @@ impl Pipeline {
                     dead_letter,
                 } => {
                     let key = event_id.clone().unwrap_or_default();
-                    let record = BaseRecord::with_opaque_to(&inner.topics.dlq, request.record(index))
+                    let mut record = BaseRecord::with_opaque_to(&inner.topics.dlq, request.record(index))
                         .key(key.as_bytes())
                         .payload(&dead_letter);
+                    if let Some(context) = &context {
+                        record = record.headers(context.record_headers());
+                    }
                     enqueue(&inner.producer, record, &request, index);
                     outcomes.push(RecordOutcome {
                         index,

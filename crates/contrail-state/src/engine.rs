@@ -26,6 +26,9 @@ pub struct InputRecord<'a> {
     pub payload: &'a [u8],
     /// Its offset in the shard's input partition.
     pub offset: i64,
+    /// Its trace context (opaque to the engine; contrail uses a W3C `traceparent`): every output
+    /// emitted while handling this record carries it, also when re-sent from the outbox.
+    pub trace: Option<&'a [u8]>,
 }
 
 /// User logic over keyed state. Must be deterministic in its inputs (no wall clock, no randomness)
@@ -79,6 +82,8 @@ struct Pending {
     cursors: [Option<Timer>; 2],
     /// The offset of the input record being handled, or of the last one handled in this batch.
     input_offset: Option<i64>,
+    /// The trace context of the input record being handled (none while timers fire).
+    trace: Option<Vec<u8>>,
 }
 
 impl Pending {
@@ -93,6 +98,7 @@ impl Pending {
             lateness_us,
             cursors: [None, None],
             input_offset: None,
+            trace: None,
         }
     }
 
@@ -427,6 +433,7 @@ impl KeyContext<'_> {
             topic: topic.to_owned(),
             key: key.to_vec(),
             payload,
+            trace: self.pending.trace.clone(),
         });
     }
 }
@@ -459,12 +466,14 @@ impl Shard {
                 ));
             }
             pending.input_offset = Some(record.offset);
+            pending.trace = record.trace.map(<[u8]>::to_vec);
             let mut context = KeyContext {
                 shard: self,
                 pending: &mut pending,
                 key: record.key.to_vec(),
             };
             processor.handle_record(&mut context, record)?;
+            pending.trace = None;
             pending.progress.next_offset = Some(record.offset + 1);
             result.records += 1;
             let watermark = pending.watermark_us();

@@ -77,7 +77,7 @@ impl Timer {
 }
 
 /// An output waiting in the outbox until the broker acknowledges it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OutboxRecord {
     /// Destination topic.
     pub topic: String,
@@ -85,6 +85,9 @@ pub struct OutboxRecord {
     pub key: Vec<u8>,
     /// Record value.
     pub payload: Vec<u8>,
+    /// The trace context of the input it was emitted for ([`crate::InputRecord::trace`]): kept
+    /// with the output so that a re-send after a restart carries the context it was emitted with.
+    pub trace: Option<Vec<u8>>,
 }
 
 const META_NEXT_OFFSET: &[u8] = b"next_offset";
@@ -346,9 +349,9 @@ impl Shard {
         let mut records = Vec::new();
         for item in self.db.iterator_cf(self.handle(cf::OUTBOX)?, IteratorMode::Start) {
             let (key, value) = item.map_err(|error| self.storage_error(error))?;
-            let record: OutboxRecord = postcard::from_bytes(&value).map_err(|error| StateError::Corrupt {
+            let record = decode_outbox_record(&value).ok_or_else(|| StateError::Corrupt {
                 path: self.path.display().to_string(),
-                message: format!("outbox record: {error}"),
+                message: "outbox record does not decode".to_owned(),
             })?;
             records.push((decode_sequence(&key)?, record));
         }
@@ -360,11 +363,11 @@ impl Shard {
         let Some(bytes) = self.get(cf::OUTBOX, &sequence.to_be_bytes())? else {
             return Ok(None);
         };
-        postcard::from_bytes(&bytes)
+        decode_outbox_record(&bytes)
             .map(Some)
-            .map_err(|error| StateError::Corrupt {
+            .ok_or_else(|| StateError::Corrupt {
                 path: self.path.display().to_string(),
-                message: format!("outbox record: {error}"),
+                message: "outbox record does not decode".to_owned(),
             })
     }
 
@@ -559,9 +562,10 @@ fn consecutive_runs(sequences: &[u64]) -> Vec<std::ops::Range<u64>> {
     runs
 }
 
-/// Encodes an outbox record into `bytes` (cleared first) exactly as `postcard` encodes the struct
-/// — each field a varint length and its bytes — without serde's byte-at-a-time sequence encoding.
-/// Records are read back with `postcard`.
+/// Encodes an outbox record into `bytes` (cleared first): each field a varint length and its
+/// bytes — topic, key, payload exactly as `postcard` encodes the three-field record earlier
+/// versions wrote — then, only for a traced output, its trace context as a fourth field. Records
+/// without one are byte for byte what earlier versions wrote, and theirs read back here.
 fn encode_outbox_record(record: &OutboxRecord, bytes: &mut Vec<u8>) {
     fn field(bytes: &mut Vec<u8>, value: &[u8]) {
         let mut length = value.len() as u64;
@@ -573,10 +577,54 @@ fn encode_outbox_record(record: &OutboxRecord, bytes: &mut Vec<u8>) {
         bytes.extend_from_slice(value);
     }
     bytes.clear();
-    bytes.reserve(record.topic.len() + record.key.len() + record.payload.len() + 12);
+    let trace = record.trace.as_deref();
+    bytes.reserve(
+        record.topic.len() + record.key.len() + record.payload.len() + trace.map_or(0, <[u8]>::len) + 16,
+    );
     field(bytes, record.topic.as_bytes());
     field(bytes, &record.key);
     field(bytes, &record.payload);
+    if let Some(trace) = trace {
+        field(bytes, trace);
+    }
+}
+
+/// Decodes what [`encode_outbox_record`] wrote; `None` for anything else (never panics).
+fn decode_outbox_record(mut bytes: &[u8]) -> Option<OutboxRecord> {
+    fn field<'a>(bytes: &mut &'a [u8]) -> Option<&'a [u8]> {
+        let mut length: u64 = 0;
+        let mut shift = 0u32;
+        loop {
+            let (&byte, rest) = bytes.split_first()?;
+            *bytes = rest;
+            length |= u64::from(byte & 0x7f).checked_shl(shift)?;
+            if byte & 0x80 == 0 {
+                break;
+            }
+            shift += 7;
+            if shift > 63 {
+                return None;
+            }
+        }
+        let length = usize::try_from(length).ok()?;
+        let (value, rest) = (bytes.get(..length)?, bytes.get(length..)?);
+        *bytes = rest;
+        Some(value)
+    }
+    let topic = std::str::from_utf8(field(&mut bytes)?).ok()?.to_owned();
+    let key = field(&mut bytes)?.to_vec();
+    let payload = field(&mut bytes)?.to_vec();
+    let trace = if bytes.is_empty() {
+        None
+    } else {
+        Some(field(&mut bytes)?.to_vec())
+    };
+    bytes.is_empty().then_some(OutboxRecord {
+        topic,
+        key,
+        payload,
+        trace,
+    })
 }
 
 fn decode_sequence(bytes: &[u8]) -> Result<u64, StateError> {
@@ -595,20 +643,43 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// The record earlier versions wrote (and `postcard` encoded).
+    #[derive(serde::Serialize)]
+    struct EarlierOutboxRecord {
+        topic: String,
+        key: Vec<u8>,
+        payload: Vec<u8>,
+    }
+
     proptest! {
-        /// The outbox's own encoder writes exactly what `postcard` writes (records written by either
-        /// read back the same), whatever the field sizes (varint lengths of 1 to 3 bytes).
+        /// Every record reads back as written, whatever the field sizes (varint lengths of 1 to 3
+        /// bytes); an untraced record is byte for byte what earlier versions wrote with `postcard`,
+        /// so an outbox written before an upgrade is read after it.
         #[test]
-        fn outbox_encoding_is_postcards(
+        fn outbox_records_read_back_as_written_and_as_earlier_versions_wrote_them(
             topic in "[a-z.]{0,40}",
             key in prop::collection::vec(any::<u8>(), 0..200),
             payload_len in prop_oneof![0usize..200, 16_000usize..17_000, 2_097_000usize..2_097_200],
+            trace in prop::option::of(prop::collection::vec(any::<u8>(), 0..60)),
         ) {
-            let record = OutboxRecord { topic, key, payload: vec![7; payload_len] };
+            let record = OutboxRecord { topic, key, payload: vec![7; payload_len], trace };
             let mut bytes = vec![1, 2, 3];
             encode_outbox_record(&record, &mut bytes);
-            prop_assert_eq!(&bytes, &postcard::to_allocvec(&record).expect("postcard"));
-            prop_assert_eq!(postcard::from_bytes::<OutboxRecord>(&bytes).expect("decode"), record);
+            prop_assert_eq!(decode_outbox_record(&bytes), Some(record.clone()));
+            if record.trace.is_none() {
+                let earlier = EarlierOutboxRecord {
+                    topic: record.topic.clone(),
+                    key: record.key.clone(),
+                    payload: record.payload.clone(),
+                };
+                prop_assert_eq!(&bytes, &postcard::to_allocvec(&earlier).expect("postcard"));
+            }
+        }
+
+        /// Arbitrary bytes never panic the decoder (a corrupt outbox is an error, not a crash).
+        #[test]
+        fn the_outbox_decoder_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..300)) {
+            let _ = decode_outbox_record(&bytes);
         }
     }
 
@@ -634,6 +705,7 @@ mod tests {
                 topic: "t".into(),
                 key: vec![n],
                 payload: vec![n],
+                trace: (n % 2 == 0).then(|| vec![n; 55]),
             })
             .collect();
         let progress = shard.progress();

@@ -88,6 +88,7 @@ fn run_with<P: StatefulProcessor>(
             key,
             payload,
             offset: first_offset + n as i64,
+            trace: None,
         })
         .collect();
     shard.process_batch(&batch, processor, &CONFIG, 0).expect("batch")
@@ -140,6 +141,71 @@ fn a_batch_commits_state_outbox_and_offset_together_and_survives_reopen() {
     assert_eq!(outbox.len(), 3, "unacknowledged outputs survive");
     shard.acknowledge(&[outbox[0].0, outbox[1].0]).expect("ack");
     assert_eq!(shard.outbox().expect("outbox").len(), 1);
+}
+
+/// An output as (topic, key, trace context).
+type Emitted<'a> = (&'a str, &'a [u8], Option<&'a [u8]>);
+
+/// An output carries the trace context of the record it was emitted for — also when it is read
+/// back from the outbox after a reopen (the re-send after a crash) — and a timer's output carries
+/// none (no record caused it).
+#[test]
+fn outputs_carry_their_records_trace_context_through_the_outbox() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("shard-0");
+    let traced = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".as_slice();
+    {
+        let mut shard = Shard::open(&path, 0).expect("open");
+        let batch = [
+            InputRecord {
+                key: b"a",
+                payload: b"0,5",
+                offset: 0,
+                trace: Some(traced),
+            },
+            InputRecord {
+                key: b"b",
+                payload: b"20,1",
+                offset: 1,
+                trace: None,
+            },
+        ];
+        let result = shard
+            .process_batch(&batch, &mut Summer, &CONFIG, 0)
+            .expect("batch");
+        let by_topic: Vec<Emitted<'_>> = result
+            .outputs
+            .iter()
+            .map(|(_, record)| {
+                (
+                    record.topic.as_str(),
+                    record.key.as_slice(),
+                    record.trace.as_deref(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            by_topic,
+            [
+                ("sums", b"a".as_slice(), Some(traced)),
+                ("sums", b"b".as_slice(), None),
+                // a's five-minute timer fires when b moves the watermark past it.
+                ("fired", b"a".as_slice(), None),
+            ]
+        );
+    }
+    let shard = Shard::open(&path, 0).expect("reopen");
+    let outbox = shard.outbox().expect("outbox");
+    assert_eq!(outbox.len(), 3, "nothing acknowledged yet");
+    assert_eq!(outbox[0].1.trace.as_deref(), Some(traced));
+    assert_eq!(
+        shard
+            .outbox_record(outbox[0].0)
+            .expect("read")
+            .and_then(|record| record.trace),
+        Some(traced.to_vec())
+    );
+    assert!(outbox[1..].iter().all(|(_, record)| record.trace.is_none()));
 }
 
 #[test]

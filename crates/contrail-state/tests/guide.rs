@@ -104,6 +104,7 @@ fn summaries(records: &[(Vec<u8>, Vec<u8>)], splits: &[usize]) -> Vec<String> {
                 key,
                 payload,
                 offset: (start + index) as i64,
+                trace: None,
             })
             .collect();
         let result = shard

@@ -29,6 +29,7 @@ pub mod delta;
 mod fixture;
 mod http;
 mod ingest;
+pub mod otlp;
 mod process;
 pub mod prometheus;
 mod topic;

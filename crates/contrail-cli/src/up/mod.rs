@@ -125,6 +125,35 @@ pub struct UpArgs {
     /// to Delta is always measured, for every event (its file's commit time − ingest time).
     #[arg(long, default_value_t = 0)]
     latency_sample_every: u64,
+    /// Export every stage's spans over OTLP/gRPC to this endpoint (an OpenTelemetry collector,
+    /// Jaeger, …: `http://127.0.0.1:4317`). A record's trace crosses every topic in its
+    /// `traceparent` header: one trace from the HTTP request to the Cosmos write and the Delta
+    /// commit. Send your own `traceparent` with a request to follow it.
+    #[arg(long, value_name = "URL", value_parser = parse_otlp_endpoint)]
+    otlp_endpoint: Option<String>,
+    /// With --otlp-endpoint: the share of requests without a sampled `traceparent` that start a
+    /// sampled trace (0 to 1; a request's own sampled `traceparent` is always followed).
+    #[arg(long, default_value_t = 0.01, value_parser = parse_ratio, requires = "otlp_endpoint")]
+    trace_ratio: f64,
+}
+
+/// An OTLP endpoint: an `http://` or `https://` URL.
+fn parse_otlp_endpoint(value: &str) -> Result<String, String> {
+    if value.starts_with("http://") || value.starts_with("https://") {
+        Ok(value.trim_end_matches('/').to_owned())
+    } else {
+        Err(format!(
+            "{value:?} is not an OTLP/gRPC endpoint URL (http://HOST:PORT, e.g. http://127.0.0.1:4317)"
+        ))
+    }
+}
+
+/// A sampling ratio between 0 and 1.
+fn parse_ratio(value: &str) -> Result<f64, String> {
+    match value.parse::<f64>() {
+        Ok(ratio) if (0.0..=1.0).contains(&ratio) => Ok(ratio),
+        _ => Err(format!("{value:?} is not a ratio between 0 and 1")),
+    }
 }
 
 /// January 2013 unless the user picked dates: a month of flights (≈ 211,000 deliveries).

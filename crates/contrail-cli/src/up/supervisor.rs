@@ -153,6 +153,7 @@ pub(super) async fn start_platform(
         let stage = &replica.stage;
         let mut env = stage_env(replica, ports, workdir, args.partitions);
         env.push(("RUST_LOG".to_owned(), "info".to_owned()));
+        env.extend(otlp_env(args));
         if stage.name == "ingest" {
             // Writers need the token; the admin API stays open on loopback like the other
             // stages' (contrail admin, the status line).
@@ -271,4 +272,21 @@ pub(super) fn spawn(up: Up) -> tokio::task::JoinHandle<()> {
             }
         }
     })
+}
+
+/// The OpenTelemetry settings of every stage under `--otlp-endpoint` (none without it).
+fn otlp_env(args: &UpArgs) -> Vec<(String, String)> {
+    let Some(endpoint) = &args.otlp_endpoint else {
+        return Vec::new();
+    };
+    [
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.clone()),
+        ("OTEL_TRACES_SAMPLER", "parentbased_traceidratio".to_owned()),
+        ("OTEL_TRACES_SAMPLER_ARG", args.trace_ratio.to_string()),
+        // Spans leave every second, not every five (the SDK's default).
+        ("OTEL_BSP_SCHEDULE_DELAY", "1000".to_owned()),
+    ]
+    .into_iter()
+    .map(|(key, value)| (key.to_owned(), value))
+    .collect()
 }

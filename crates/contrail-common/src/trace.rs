@@ -1,0 +1,284 @@
+//! W3C trace context across stages (<https://www.w3.org/TR/trace-context/>).
+//!
+//! A record carries its trace in the Kafka header [`TRACEPARENT`], exactly as an HTTP request does.
+//! ingest starts the trace from the request's `traceparent` (or a new root span); every stage
+//! continues it for the records it emits. A stage makes a span for a record only when the record's
+//! context says *sampled* — so tracing costs nothing for the records nobody traces — and when spans
+//! are not exported (no OTLP endpoint, or the span filtered out) it forwards the record's context
+//! unchanged, so a trace stays one trace across a stage that does not export.
+//!
+//! [`TraceParent`] is the header's value as plain data: parsing is pure and never panics (tested
+//! on arbitrary bytes), so dedup-state can keep it with an output in its outbox and re-send the
+//! output after a restart with the context it was first emitted with.
+
+use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState};
+use rdkafka::message::{Header, Headers, OwnedHeaders};
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+/// The header (HTTP, gRPC metadata, Kafka record) that carries the trace context.
+pub const TRACEPARENT: &str = "traceparent";
+
+/// The length of a version-00 `traceparent` value: `00-{32 hex}-{16 hex}-{2 hex}`.
+pub const TRACEPARENT_LEN: usize = 55;
+
+/// A `traceparent` value: which trace, which span is the parent, and whether it is sampled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TraceParent {
+    /// The trace (never all zeros).
+    pub trace_id: [u8; 16],
+    /// The parent span (never all zeros).
+    pub span_id: [u8; 8],
+    /// Trace flags; bit 0 is *sampled*.
+    pub flags: u8,
+}
+
+impl TraceParent {
+    /// Parses a `traceparent` value; `None` when it is not one (W3C §3.2: lowercase hex, version
+    /// `ff` invalid, all-zero ids invalid; a future version's value is read by its first four
+    /// fields when the fifth is separated by `-`).
+    pub fn parse(value: &[u8]) -> Option<TraceParent> {
+        let value = value.trim_ascii();
+        if value.len() < TRACEPARENT_LEN {
+            return None;
+        }
+        let version = hex_byte(value.get(0..2)?)?;
+        if version == 0xff || value[2] != b'-' || value[35] != b'-' || value[52] != b'-' {
+            return None;
+        }
+        match (version, value.len()) {
+            (0, TRACEPARENT_LEN) => {}
+            (0, _) => return None,
+            (_, TRACEPARENT_LEN) => {}
+            (_, _) if value[TRACEPARENT_LEN] == b'-' => {}
+            _ => return None,
+        }
+        let mut trace_id = [0u8; 16];
+        for (index, byte) in trace_id.iter_mut().enumerate() {
+            *byte = hex_byte(&value[3 + 2 * index..5 + 2 * index])?;
+        }
+        let mut span_id = [0u8; 8];
+        for (index, byte) in span_id.iter_mut().enumerate() {
+            *byte = hex_byte(&value[36 + 2 * index..38 + 2 * index])?;
+        }
+        let flags = hex_byte(&value[53..55])?;
+        if trace_id == [0; 16] || span_id == [0; 8] {
+            return None;
+        }
+        Some(TraceParent {
+            trace_id,
+            span_id,
+            flags,
+        })
+    }
+
+    /// The version-00 header value.
+    pub fn header(&self) -> String {
+        let mut text = String::with_capacity(TRACEPARENT_LEN);
+        text.push_str("00-");
+        push_hex(&mut text, &self.trace_id);
+        text.push('-');
+        push_hex(&mut text, &self.span_id);
+        text.push('-');
+        push_hex(&mut text, &[self.flags]);
+        text
+    }
+
+    /// The trace id as 32 lowercase hex digits (as trace viewers show it).
+    pub fn trace_id_hex(&self) -> String {
+        let mut text = String::with_capacity(32);
+        push_hex(&mut text, &self.trace_id);
+        text
+    }
+
+    /// Whether the trace is sampled: stages make spans for sampled records only.
+    pub fn sampled(&self) -> bool {
+        self.flags & 1 == 1
+    }
+
+    /// The OpenTelemetry span context (remote) of this parent.
+    pub fn span_context(&self) -> SpanContext {
+        SpanContext::new(
+            TraceId::from_bytes(self.trace_id),
+            SpanId::from_bytes(self.span_id),
+            TraceFlags::new(self.flags),
+            true,
+            TraceState::default(),
+        )
+    }
+
+    /// The context of `span` when it is exported (an OTLP endpoint is set and the span enabled).
+    pub fn of_span(span: &tracing::Span) -> Option<TraceParent> {
+        let context = span.context();
+        let span_context = context.span().span_context().clone();
+        if !span_context.is_valid() {
+            return None;
+        }
+        Some(TraceParent {
+            trace_id: span_context.trace_id().to_bytes(),
+            span_id: span_context.span_id().to_bytes(),
+            flags: span_context.trace_flags().to_u8(),
+        })
+    }
+
+    /// Makes `span` (not yet entered) a child of this context.
+    pub fn adopt(&self, span: &tracing::Span) {
+        let context = opentelemetry::Context::new().with_remote_span_context(self.span_context());
+        // Only fails when spans are not exported (no OpenTelemetry layer) or the span is disabled:
+        // then there is nothing to parent.
+        let _ = span.set_parent(context);
+    }
+
+    /// Links `span` (not yet entered) to this context: a batch span to the records it processed.
+    pub fn link_from(&self, span: &tracing::Span) {
+        span.add_link(self.span_context());
+    }
+
+    /// The context of a Kafka record, if it carries a valid one.
+    pub fn of_record<H: Headers>(headers: Option<&H>) -> Option<TraceParent> {
+        let headers = headers?;
+        (0..headers.count())
+            .filter_map(|index| headers.try_get(index))
+            .find(|header| header.key.eq_ignore_ascii_case(TRACEPARENT))
+            .and_then(|header| header.value)
+            .and_then(TraceParent::parse)
+    }
+
+    /// Kafka record headers carrying this context.
+    pub fn record_headers(&self) -> OwnedHeaders {
+        OwnedHeaders::new_with_capacity(1).insert(Header {
+            key: TRACEPARENT,
+            value: Some(self.header().as_bytes()),
+        })
+    }
+}
+
+/// The context a record's outputs carry: that of `span` (the stage's span for the record, a child
+/// of `parent`) when it is exported, else `parent` unchanged — a stage that exports nothing keeps
+/// the trace whole.
+pub fn continued(parent: Option<TraceParent>, span: &tracing::Span) -> Option<TraceParent> {
+    TraceParent::of_span(span).or(parent)
+}
+
+fn hex_byte(pair: &[u8]) -> Option<u8> {
+    fn digit(byte: u8) -> Option<u8> {
+        match byte {
+            b'0'..=b'9' => Some(byte - b'0'),
+            b'a'..=b'f' => Some(byte - b'a' + 10),
+            _ => None,
+        }
+    }
+    match pair {
+        [high, low] => Some(digit(*high)? << 4 | digit(*low)?),
+        _ => None,
+    }
+}
+
+fn push_hex(text: &mut String, bytes: &[u8]) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for byte in bytes {
+        text.push(DIGITS[usize::from(byte >> 4)] as char);
+        text.push(DIGITS[usize::from(byte & 0x0f)] as char);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const EXAMPLE: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+    #[test]
+    fn the_w3c_example_parses_and_prints_back() {
+        let parent = TraceParent::parse(EXAMPLE.as_bytes()).expect("valid");
+        assert_eq!(parent.trace_id_hex(), "4bf92f3577b34da6a3ce929d0e0e4736");
+        assert_eq!(parent.span_id, [0x00, 0xf0, 0x67, 0xaa, 0x0b, 0xa9, 0x02, 0xb7]);
+        assert!(parent.sampled());
+        assert_eq!(parent.header(), EXAMPLE);
+        assert_eq!(
+            TraceParent::parse(format!("  {EXAMPLE}\r\n").as_bytes()),
+            Some(parent),
+            "surrounding whitespace is not part of the value"
+        );
+    }
+
+    #[test]
+    fn invalid_values_are_refused() {
+        for bad in [
+            "",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
+            "00_4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "0g-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "cc-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01x",
+        ] {
+            assert_eq!(TraceParent::parse(bad.as_bytes()), None, "{bad:?}");
+        }
+        let future = "cc-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-what-comes-next";
+        assert!(
+            TraceParent::parse(future.as_bytes()).is_some(),
+            "a future version is read by its known fields"
+        );
+    }
+
+    #[test]
+    fn a_record_header_round_trips_and_other_headers_are_ignored() {
+        let parent = TraceParent::parse(EXAMPLE.as_bytes()).expect("valid");
+        let headers = OwnedHeaders::new()
+            .insert(Header {
+                key: "other",
+                value: Some(b"x".as_slice()),
+            })
+            .insert(Header {
+                key: "TraceParent",
+                value: Some(parent.header().as_bytes()),
+            });
+        assert_eq!(TraceParent::of_record(Some(&headers)), Some(parent));
+        assert_eq!(
+            TraceParent::of_record(Some(&parent.record_headers())),
+            Some(parent)
+        );
+        assert_eq!(TraceParent::of_record::<OwnedHeaders>(None), None);
+        let broken = OwnedHeaders::new().insert(Header {
+            key: TRACEPARENT,
+            value: Some(b"garbage".as_slice()),
+        });
+        assert_eq!(TraceParent::of_record(Some(&broken)), None);
+    }
+
+    #[test]
+    fn without_an_exporter_a_stage_forwards_the_context_it_received() {
+        let parent = TraceParent::parse(EXAMPLE.as_bytes()).expect("valid");
+        let span = tracing::info_span!("no subscriber");
+        parent.adopt(&span);
+        assert_eq!(continued(Some(parent), &span), Some(parent));
+        assert_eq!(continued(None, &span), None);
+    }
+
+    proptest! {
+        /// Any bytes: no panic; whatever parses prints back to a value that parses the same.
+        #[test]
+        fn parsing_never_panics_and_round_trips(bytes in prop::collection::vec(any::<u8>(), 0..80)) {
+            if let Some(parent) = TraceParent::parse(&bytes) {
+                prop_assert_eq!(TraceParent::parse(parent.header().as_bytes()), Some(parent));
+            }
+        }
+
+        /// Every valid context survives header → parse unchanged.
+        #[test]
+        fn valid_contexts_round_trip(
+            trace_id in any::<[u8; 16]>().prop_filter("non-zero", |id| *id != [0; 16]),
+            span_id in any::<[u8; 8]>().prop_filter("non-zero", |id| *id != [0; 8]),
+            flags in any::<u8>(),
+        ) {
+            let parent = TraceParent { trace_id, span_id, flags };
+            let header = parent.header();
+            prop_assert_eq!(header.len(), TRACEPARENT_LEN);
+            prop_assert_eq!(TraceParent::parse(header.as_bytes()), Some(parent));
+        }
+    }
+}
