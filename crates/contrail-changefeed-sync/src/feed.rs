@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use azure_data_cosmos::FeedScope;
 use azure_data_cosmos::feed::ContinuationToken;
 use azure_data_cosmos::options::{ChangeFeedOptions, ChangeFeedStartFrom, MaxItemCountHint};
-use contrail_common::trace::TraceParent;
+use contrail_common::trace::{TraceParent, traceparent_headers};
 use contrail_proto::v1::ServingChange;
 use futures::StreamExt;
 use prost::Message as _;
@@ -93,7 +93,7 @@ pub(crate) async fn poll_once(
         // Handed to the producer one after the other, in the page's order (a full queue is
         // waited out before the next change), then every acknowledgement is awaited.
         // The changes carry the page's context: their Delta rows continue the page's trace.
-        let page_trace = TraceParent::of_span(&page_span);
+        let page_trace = TraceParent::of_span(&page_span).map(|context| context.header());
         let mut deliveries = Vec::with_capacity(changes.len());
         for change in &changes {
             let payload = change.encode_to_vec();
@@ -103,7 +103,7 @@ pub(crate) async fn poll_once(
                     &shared.config.topics.changes,
                     &change.flight_key,
                     &payload,
-                    page_trace.as_ref(),
+                    page_trace.as_deref(),
                 )
                 .await?,
             );
@@ -183,12 +183,12 @@ async fn enqueue(
     topic: &str,
     key: &str,
     payload: &[u8],
-    trace: Option<&TraceParent>,
+    traceparent: Option<&str>,
 ) -> Result<rdkafka::producer::DeliveryFuture, ChangefeedError> {
     loop {
         let mut record = FutureRecord::to(topic).key(key).payload(payload);
-        if let Some(trace) = trace {
-            record = record.headers(trace.record_headers());
+        if let Some(traceparent) = traceparent {
+            record = record.headers(traceparent_headers(traceparent.as_bytes()));
         }
         match producer.send_result(record) {
             Ok(delivery) => return Ok(delivery),

@@ -145,11 +145,17 @@ impl TraceParent {
 
     /// Kafka record headers carrying this context.
     pub fn record_headers(&self) -> OwnedHeaders {
-        OwnedHeaders::new_with_capacity(1).insert(Header {
-            key: TRACEPARENT,
-            value: Some(self.header().as_bytes()),
-        })
+        traceparent_headers(self.header().as_bytes())
     }
+}
+
+/// Kafka record headers carrying the `traceparent` value `value` as it is: a value printed once
+/// ([`TraceParent::header`]) for many records, or one kept as bytes (dedup-state's outbox).
+pub fn traceparent_headers(value: &[u8]) -> OwnedHeaders {
+    OwnedHeaders::new_with_capacity(1).insert(Header {
+        key: TRACEPARENT,
+        value: Some(value),
+    })
 }
 
 /// The context a record's outputs carry: that of `span` (the stage's span for the record, a child

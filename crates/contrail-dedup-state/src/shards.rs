@@ -13,12 +13,12 @@ use std::sync::mpsc::{Receiver, Sender};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use contrail_common::trace::{self, TRACEPARENT, TraceParent};
+use contrail_common::trace::{self, TraceParent};
 use contrail_state::checkpoints::CheckpointStore;
 use contrail_state::protocol::{self, LocalShard, RestorePlan};
 use contrail_state::{Checkpointer, EngineConfig, InputRecord, OutboxRecord, Shard, StateError};
 use rdkafka::error::KafkaError;
-use rdkafka::message::{Header, Message, OwnedHeaders};
+use rdkafka::message::Message;
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::{ClientContext, Offset};
 
@@ -480,10 +480,7 @@ impl ShardSet {
                     .key(&record.key)
                     .payload(&record.payload);
             if let Some(trace) = &record.trace {
-                base = base.headers(OwnedHeaders::new_with_capacity(1).insert(Header {
-                    key: TRACEPARENT,
-                    value: Some(trace.as_slice()),
-                }));
+                base = base.headers(trace::traceparent_headers(trace));
             }
             match self.producer.send(base) {
                 Ok(()) => return Ok(()),

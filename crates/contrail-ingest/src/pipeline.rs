@@ -257,6 +257,8 @@ impl Pipeline {
         context: Option<TraceParent>,
     ) -> Result<BatchOutcome, IngestError> {
         let inner = &self.inner;
+        // Printed once: every record of the request carries the same context.
+        let traceparent = context.map(|context| context.header());
         let label = origin.label();
         if self.is_paused() {
             return Err(IngestError::BrokerUnavailable(
@@ -314,8 +316,8 @@ impl Pipeline {
                     let mut record = BaseRecord::with_opaque_to(&inner.topics.raw, request.record(index))
                         .key(flight_key.as_bytes())
                         .payload(&payload);
-                    if let Some(context) = &context {
-                        record = record.headers(context.record_headers());
+                    if let Some(traceparent) = &traceparent {
+                        record = record.headers(trace::traceparent_headers(traceparent.as_bytes()));
                     }
                     enqueue(&inner.producer, record, &request, index);
                     outcomes.push(RecordOutcome {
@@ -334,8 +336,8 @@ impl Pipeline {
                     let mut record = BaseRecord::with_opaque_to(&inner.topics.dlq, request.record(index))
                         .key(key.as_bytes())
                         .payload(&dead_letter);
-                    if let Some(context) = &context {
-                        record = record.headers(context.record_headers());
+                    if let Some(traceparent) = &traceparent {
+                        record = record.headers(trace::traceparent_headers(traceparent.as_bytes()));
                     }
                     enqueue(&inner.producer, record, &request, index);
                     outcomes.push(RecordOutcome {
