@@ -638,12 +638,109 @@ fn the_serving_store_is_rebuilt_from_history_while_the_feed_goes_on() {
         0.0,
         "nothing was dead-lettered"
     );
+    the_replaced_containers_changes_reach_history(&up);
     let status = up.interrupt(Duration::from_secs(90)).expect("stops");
     assert!(
         status.success(),
         "contrail up exited with {status}:\n{}",
         up.output()
     );
+}
+
+/// After the `flights` container was deleted and created again: changefeed-sync read the new
+/// container from its beginning under new leases, so every document it holds now reached
+/// `ops.flights.changes` labelled as the container's first replacement (`<range>#1` — its `_lsn`
+/// may start again, and history keeps the highest `_lsn` per label), and the independent Delta
+/// reader finds each of those changes in `serving_changes`.
+fn the_replaced_containers_changes_reach_history(up: &UpUnderTest) {
+    let feed_http = format!("http://127.0.0.1:{}", 8083 + up.offset);
+    let superseded =
+        contrail_testkit::cosmos::metric_at(&feed_http, "contrail_changefeed_leases_superseded_total", "");
+    assert!(
+        superseded >= 1.0,
+        "changefeed-sync never superseded the old container's leases\n{}",
+        up.output_tail(30)
+    );
+    let runtime = test_runtime();
+    let documents = runtime
+        .block_on(async { query_documents(&containers_at(&up.cosmos_endpoint()).await?).await })
+        .expect("documents of the new container");
+    let brokers = up.brokers();
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let published: BTreeMap<(String, u64), ServingChange> = loop {
+        let ends =
+            quiescent_ends(&brokers, "ops.flights.changes", Duration::from_secs(2)).expect("change ends");
+        let changes = read_topic(
+            &brokers,
+            "ops.flights.changes",
+            ends.values().sum::<i64>() as usize,
+            Duration::from_secs(60),
+        )
+        .expect("changes");
+        let mut of_new_container = BTreeMap::new();
+        for message in &changes {
+            use rdkafka::Message as _;
+            let change =
+                ServingChange::decode(message.payload().unwrap_or_default()).expect("a ServingChange");
+            if !change.feed_range.ends_with("#1") {
+                continue;
+            }
+            let version = serde_json::from_str::<serde_json::Value>(&change.document_json)
+                .ok()
+                .and_then(|document| document["version"].as_u64())
+                .unwrap_or_default();
+            of_new_container.insert((change.id.clone(), version), change);
+        }
+        let missing: Vec<String> = documents
+            .iter()
+            .filter(|(id, document)| {
+                let version = document["version"].as_u64().unwrap_or_default();
+                !of_new_container.contains_key(&((*id).clone(), version))
+            })
+            .map(|(id, document)| format!("{id} v{}", document["version"]))
+            .collect();
+        if missing.is_empty() {
+            break of_new_container;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} of {} documents of the new container never reached ops.flights.changes as its \
+             changes (labelled #1), e.g. {:?}\n{}",
+            missing.len(),
+            documents.len(),
+            &missing[..missing.len().min(3)],
+            up.output_tail(30)
+        );
+        std::thread::sleep(Duration::from_secs(2));
+    };
+    // History: each of those changes is a row of serving_changes (identity id#lsn).
+    let expected: BTreeMap<&'static str, Vec<String>> = [(
+        "serving_changes",
+        published
+            .values()
+            .map(|change| format!("{}#{}", change.id, change.lsn))
+            .collect::<BTreeSet<String>>()
+            .into_iter()
+            .collect(),
+    )]
+    .into();
+    let work = up.delta_root().with_file_name("verify-replaced");
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let reports =
+            verify_tables(&up.delta_root(), &work, &expected, &BTreeMap::new()).expect("independent reader");
+        let report = &reports["serving_changes"];
+        if report.missing == 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} changes of the new container are not in serving_changes, e.g. {:?}",
+            report.missing,
+            report.missing_sample
+        );
+        std::thread::sleep(Duration::from_secs(3));
+    }
 }
 
 /// `contrail up --no-replay` in test directory `name`, waiting for producers with ingest token

@@ -17,7 +17,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 
 use crate::change::serving_change;
 use crate::error::ChangefeedError;
-use crate::lease::{OwnedLease, now_ms};
+use crate::lease::{OwnedLease, change_label, now_ms};
 use crate::processor::{Shared, update_board};
 
 /// One poll: pages from the stored continuation until caught up; each page published and
@@ -30,7 +30,10 @@ pub(crate) async fn poll_once(
     range_text: &str,
     page_size: NonZeroU32,
 ) -> Result<(), ChangefeedError> {
-    let continuation = lease.lock().await.continuation.clone();
+    let (continuation, incarnation) = {
+        let document = lease.lock().await;
+        (document.continuation.clone(), document.incarnation)
+    };
     let max_message_bytes = shared.config.kafka.max_message_bytes();
     // The highest `_lsn` published per physical range in this poll (see `label_physical_ranges`).
     let mut published_lsn: HashMap<String, i64> = HashMap::new();
@@ -89,7 +92,7 @@ pub(crate) async fn poll_once(
                 Err(reason) => tracing::warn!(%reason, "change feed item skipped"),
             }
         }
-        label_physical_ranges(shared, &mut changes, &mut published_lsn).await?;
+        label_physical_ranges(shared, &mut changes, &mut published_lsn, incarnation).await?;
         // Handed to the producer one after the other, in the page's order (a full queue is
         // waited out before the next change), then every acknowledgement is awaited.
         // The changes carry the page's context: their Delta rows continue the page's trace.
@@ -155,11 +158,13 @@ pub(crate) async fn poll_once(
 /// covering the children of a split, whose `_lsn` sequences interleave: labelled with the lease's
 /// range, a child's changes could fall below its sibling's and be taken for copies. A change whose
 /// `_lsn` is not above what this poll already published for its range means the routing map is
-/// stale (a split since it was read): it is read again and the change labelled anew.
+/// stale (a split since it was read): it is read again and the change labelled anew. Changes of a
+/// replaced container carry its incarnation too ([`change_label`]).
 async fn label_physical_ranges(
     shared: &Shared,
     changes: &mut [ServingChange],
     published_lsn: &mut HashMap<String, i64>,
+    incarnation: u32,
 ) -> Result<(), ChangefeedError> {
     for change in changes.iter_mut() {
         let mut range = shared.store.physical_range(&change.flight_key, false).await?;
@@ -171,7 +176,7 @@ async fn label_physical_ranges(
         }
         let last = published_lsn.entry(range.clone()).or_insert(i64::MIN);
         *last = (*last).max(change.lsn);
-        change.feed_range = range;
+        change.feed_range = change_label(&range, incarnation);
     }
     Ok(())
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use azure_core::http::Etag;
 use azure_data_cosmos::feed::FeedRange;
 use azure_data_cosmos::options::{ItemWriteOptions, Precondition};
-use azure_data_cosmos::{ContainerClient, FeedScope};
+use azure_data_cosmos::{ContainerClient, CosmosClient, FeedScope};
 use contrail_cosmos::{CosmosStoreError, ErrorClass};
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
@@ -44,6 +44,17 @@ pub struct Lease {
     /// Changes published from this lease, all owners together.
     #[serde(default)]
     pub published: u64,
+    /// `_rid` of the monitored container whose range and continuation this lease holds. Absent in
+    /// leases written before it was recorded: such a lease is known stale by the service's answer
+    /// (400, sub-status 1024) instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container_rid: Option<String>,
+    /// How many times the monitored container had been replaced (deleted and created again under
+    /// the same name) when this lease was created: 0 for the first container. Its changes are
+    /// labelled `<range>#<incarnation>` from the first replacement on, because a new container's
+    /// `_lsn` starts again and history would take them for copies of the old one's (DESIGN §4).
+    #[serde(default)]
+    pub incarnation: u32,
     /// The document's ETag (system property; not written back).
     #[serde(rename = "_etag", default, skip_serializing)]
     pub etag: Option<String>,
@@ -54,6 +65,40 @@ pub fn lease_id(container: &str, range: &str) -> String {
     let digest = sha2::Sha256::digest(range.as_bytes());
     let hex: String = digest.iter().take(8).map(|byte| format!("{byte:02x}")).collect();
     format!("{container}-{hex}")
+}
+
+/// The id of the lease of `range` in incarnation `incarnation` of `container` (see
+/// [`Lease::incarnation`]); incarnation 0 keeps the ids earlier versions created.
+pub fn lease_id_in(container: &str, range: &str, incarnation: u32) -> String {
+    match incarnation {
+        0 => lease_id(container, range),
+        n => lease_id(&format!("{container}-{n}"), range),
+    }
+}
+
+/// The label of changes read from `physical_range` in incarnation `incarnation` of the monitored
+/// container: the range itself for the first container (what earlier versions wrote), then
+/// `<range>#<incarnation>` — a new origin for history's per-origin `_lsn` rule.
+pub fn change_label(physical_range: &str, incarnation: u32) -> String {
+    match incarnation {
+        0 => physical_range.to_owned(),
+        n => format!("{physical_range}#{n}"),
+    }
+}
+
+/// Whether `error` is the service refusing a request addressed to a container that was replaced
+/// (400 with sub-status 1024, "collection RID mismatch") or the SDK refusing to carry an explicit
+/// feed range over to the replacement.
+pub fn refers_to_replaced_container(error: &CosmosStoreError) -> bool {
+    match error {
+        CosmosStoreError::Service {
+            status,
+            sub_status,
+            message,
+            ..
+        } => (*status == 400 && *sub_status == Some(1024)) || message.contains("recreated container"),
+        _ => false,
+    }
 }
 
 /// Wall clock in ms since the epoch.
@@ -68,23 +113,58 @@ pub fn now_ms() -> i64 {
 #[derive(Clone)]
 pub struct LeaseStore {
     leases: ContainerClient,
-    monitored: ContainerClient,
+    /// Replaced by a client resolved afresh when the monitored container is replaced.
+    monitored: Arc<std::sync::RwLock<ContainerClient>>,
+    client: CosmosClient,
+    database: String,
     container: String,
 }
 
 impl LeaseStore {
-    /// Leases in `leases` for the feed ranges of `monitored` (named `container`).
-    pub fn new(leases: ContainerClient, monitored: ContainerClient, container: &str) -> LeaseStore {
+    /// Leases in `leases` for the feed ranges of `monitored`, container `container` of database
+    /// `database` of `client` (which opens the container again after it was replaced).
+    pub fn new(
+        leases: ContainerClient,
+        monitored: ContainerClient,
+        client: CosmosClient,
+        database: &str,
+        container: &str,
+    ) -> LeaseStore {
         LeaseStore {
             leases,
-            monitored,
+            monitored: Arc::new(std::sync::RwLock::new(monitored)),
+            client,
+            database: database.to_owned(),
             container: container.to_owned(),
         }
     }
 
     /// The monitored container's client.
-    pub fn monitored(&self) -> &ContainerClient {
-        &self.monitored
+    pub fn monitored(&self) -> ContainerClient {
+        match self.monitored.read() {
+            Ok(client) => client.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// The `_rid` of the container named like the monitored one now (read by name: a replaced
+    /// container answers with its new id).
+    pub async fn current_rid(&self) -> Result<String, CosmosStoreError> {
+        let properties: azure_data_cosmos::models::ContainerProperties = self
+            .monitored()
+            .read(None)
+            .await
+            .and_then(|response| response.into_model())
+            .map_err(|error| {
+                CosmosStoreError::service(format!("read container {}", self.container), &error)
+            })?;
+        properties
+            .system_properties
+            .resource_id
+            .ok_or_else(|| CosmosStoreError::Document {
+                id: self.container.clone(),
+                message: "the container's properties carry no _rid".to_owned(),
+            })
     }
 
     /// The physical feed range (partition key range) that holds documents of `partition_key` now
@@ -97,7 +177,7 @@ impl LeaseStore {
         let options =
             azure_data_cosmos::options::ReadFeedRangesOptions::default().with_force_refresh(refresh);
         let ranges = self
-            .monitored
+            .monitored()
             .feed_range_from_partition_key(partition_key.to_owned(), Some(options))
             .await
             .map_err(|error| CosmosStoreError::service("feed range of a partition key", &error))?;
@@ -137,16 +217,31 @@ impl LeaseStore {
         if !self.list().await?.is_empty() {
             return Ok(0);
         }
+        let rid = self.current_rid().await?;
+        self.create_leases(&rid, 0, false).await
+    }
+
+    /// Creates the leases of incarnation `incarnation` of the monitored container (`_rid` `rid`),
+    /// one per feed range it has now (`refresh`: read afresh, not from the client's cache). A lease
+    /// that exists already (created by another instance) is kept as it is.
+    async fn create_leases(
+        &self,
+        rid: &str,
+        incarnation: u32,
+        refresh: bool,
+    ) -> Result<usize, CosmosStoreError> {
+        let options =
+            azure_data_cosmos::options::ReadFeedRangesOptions::default().with_force_refresh(refresh);
         let ranges = self
-            .monitored
-            .read_feed_ranges(None)
+            .monitored()
+            .read_feed_ranges(Some(options))
             .await
             .map_err(|error| CosmosStoreError::service("read feed ranges", &error))?;
         let mut created = 0;
         for range in ranges {
             let range = range.to_string();
             let lease = Lease {
-                id: lease_id(&self.container, &range),
+                id: lease_id_in(&self.container, &range, incarnation),
                 container: self.container.clone(),
                 feed_range: range,
                 owner: String::new(),
@@ -155,6 +250,8 @@ impl LeaseStore {
                 last_lsn: 0,
                 last_ts: 0,
                 published: 0,
+                container_rid: Some(rid.to_owned()),
+                incarnation,
                 etag: None,
             };
             match self
@@ -175,34 +272,60 @@ impl LeaseStore {
         Ok(created)
     }
 
+    /// Resolves the monitored container afresh: after it was replaced, requests of a client
+    /// resolved before carry the old container's identity, and the SDK refuses to carry explicit
+    /// feed ranges over to the new one.
+    pub async fn reopen(&self) -> Result<(), CosmosStoreError> {
+        let fresh = self
+            .client
+            .database_client(self.database.as_str())
+            .container_client(self.container.as_str(), None)
+            .await
+            .map_err(|error| {
+                CosmosStoreError::service(format!("open container {}", self.container), &error)
+            })?;
+        match self.monitored.write() {
+            Ok(mut client) => *client = fresh,
+            Err(poisoned) => *poisoned.into_inner() = fresh,
+        }
+        Ok(())
+    }
+
+    /// The monitored container was replaced (deleted and created again under its name; `_rid`
+    /// `rid` now): `stale`'s range and continuation belong to the old container, which the
+    /// service refuses for good, and nothing of the old container can be read any more. Creates
+    /// the leases of the new incarnation (one per feed range of the new container, read from its
+    /// beginning; every instance creating them ends with the same leases), then deletes `stale`
+    /// under If-Match. Returns the leases this call created. Call [`LeaseStore::reopen`] first.
+    pub async fn supersede(&self, stale: &Lease, rid: &str) -> Result<usize, ChangefeedError> {
+        let created = self
+            .create_leases(rid, stale.incarnation.saturating_add(1), true)
+            .await?;
+        self.delete(stale).await?;
+        Ok(created)
+    }
+
+    /// Deletes `lease` under If-Match of its ETag (412 / 404: another instance changed or deleted
+    /// it first — [`ChangefeedError::LeaseLost`]).
+    async fn delete(&self, lease: &Lease) -> Result<(), ChangefeedError> {
+        self.leases
+            .delete_item(lease.id.clone(), &lease.id, Some(if_match(lease)?))
+            .await
+            .map_err(|error| lease_write_failed("delete", lease, &error))?;
+        Ok(())
+    }
+
     /// Replaces `lease` under If-Match of its ETag; returns it with the new ETag. 412 or 404 mean
     /// another instance changed it: [`ChangefeedError::LeaseLost`].
     pub async fn replace(&self, lease: &Lease) -> Result<Lease, ChangefeedError> {
-        let etag = lease
-            .etag
-            .clone()
-            .ok_or_else(|| ChangefeedError::LeaseLost(lease.id.clone()))?;
-        let options = ItemWriteOptions::default().with_precondition(Precondition::if_match(Etag::from(etag)));
-        match self
+        let response = self
             .leases
-            .replace_item(lease.id.clone(), &lease.id, lease, Some(options))
+            .replace_item(lease.id.clone(), &lease.id, lease, Some(if_match(lease)?))
             .await
-        {
-            Ok(response) => {
-                let mut updated = lease.clone();
-                updated.etag = response.headers().etag().map(|etag| etag.to_string());
-                Ok(updated)
-            }
-            Err(error) => {
-                let error = CosmosStoreError::service(format!("replace lease {}", lease.id), &error);
-                match error.class() {
-                    ErrorClass::PreconditionFailed | ErrorClass::NotFound => {
-                        Err(ChangefeedError::LeaseLost(lease.id.clone()))
-                    }
-                    _ => Err(error.into()),
-                }
-            }
-        }
+            .map_err(|error| lease_write_failed("replace", lease, &error))?;
+        let mut updated = lease.clone();
+        updated.etag = response.headers().etag().map(|etag| etag.to_string());
+        Ok(updated)
     }
 
     /// The feed range of `lease`.
@@ -214,6 +337,29 @@ impl LeaseStore {
                 id: lease.id.clone(),
                 message: format!("feed range {:?}: {error}", lease.feed_range),
             })
+    }
+}
+
+/// Write options conditional on `lease`'s ETag (a lease without one was never read: lost).
+fn if_match(lease: &Lease) -> Result<ItemWriteOptions, ChangefeedError> {
+    let etag = lease
+        .etag
+        .clone()
+        .ok_or_else(|| ChangefeedError::LeaseLost(lease.id.clone()))?;
+    Ok(ItemWriteOptions::default().with_precondition(Precondition::if_match(Etag::from(etag))))
+}
+
+/// A conditional write of `lease` that failed: 412 or 404 mean another instance changed or
+/// deleted it ([`ChangefeedError::LeaseLost`]); anything else is the service's error.
+fn lease_write_failed(
+    action: &str,
+    lease: &Lease,
+    error: &azure_data_cosmos::CosmosError,
+) -> ChangefeedError {
+    let error = CosmosStoreError::service(format!("{action} lease {}", lease.id), error);
+    match error.class() {
+        ErrorClass::PreconditionFailed | ErrorClass::NotFound => ChangefeedError::LeaseLost(lease.id.clone()),
+        _ => error.into(),
     }
 }
 
@@ -232,6 +378,43 @@ mod tests {
         assert_ne!(a, lease_id("flights", "[\"3FFF\",\"7FFF\")"));
         assert!(a.starts_with("flights-"));
         assert!(!a.contains(['/', '\\', '?', '#']));
+        assert_eq!(lease_id_in("flights", "r", 0), lease_id("flights", "r"));
+        let replaced = lease_id_in("flights", "r", 1);
+        assert!(replaced.starts_with("flights-1-"), "{replaced}");
+        assert_ne!(replaced, lease_id_in("flights", "r", 2));
+    }
+
+    #[test]
+    fn changes_of_a_replaced_container_are_labelled_apart() {
+        assert_eq!(change_label("[\"\",\"3FFF\")", 0), "[\"\",\"3FFF\")");
+        assert_eq!(change_label("[\"\",\"3FFF\")", 2), "[\"\",\"3FFF\")#2");
+    }
+
+    #[test]
+    fn the_answers_about_a_replaced_container_are_recognised() {
+        let service = |status, sub_status, message: &str| CosmosStoreError::Service {
+            operation: "query change feed".to_owned(),
+            status,
+            sub_status,
+            message: message.to_owned(),
+        };
+        assert!(refers_to_replaced_container(&service(
+            400,
+            Some(1024),
+            "CollectionRidMismatch"
+        )));
+        assert!(refers_to_replaced_container(&service(
+            400,
+            None,
+            "an explicit effective partition key range cannot be carried to a recreated container"
+        )));
+        assert!(!refers_to_replaced_container(&service(400, None, "bad request")));
+        assert!(!refers_to_replaced_container(&service(
+            404,
+            Some(1003),
+            "not found"
+        )));
+        assert!(!refers_to_replaced_container(&service(503, None, "unavailable")));
     }
 
     #[test]

@@ -13,6 +13,10 @@
 //!   acknowledgement of the whole page, and only then stores the page's continuation token in the
 //!   lease. A crash or a takeover therefore re-publishes at most the changes after the last stored
 //!   token — at-least-once, and each redelivery is identifiable by `(id, lsn)`.
+//! - **A replaced container** (deleted and created again under its name): the service refuses the
+//!   old leases' ranges and continuations for good. The instance that meets it creates the leases
+//!   of the new container (next incarnation, read from its beginning, changes labelled
+//!   `<range>#<incarnation>`) and deletes the stale lease; see [`lease::LeaseStore::supersede`].
 
 pub mod balance;
 mod change;
@@ -73,6 +77,8 @@ pub async fn run(config: ChangefeedSyncConfig, shutdown: Shutdown) -> Result<(),
     let store = LeaseStore::new(
         containers.leases.clone(),
         containers.flights.clone(),
+        containers.client.clone(),
+        &config.cosmos.database,
         &config.cosmos.flights_container,
     );
     let bootstrap = contrail_cosmos::retry_setup("lease bootstrap", || store.bootstrap());

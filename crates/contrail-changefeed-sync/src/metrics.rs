@@ -18,6 +18,8 @@ pub struct ChangefeedMetrics {
     pub lost: IntCounter,
     /// Leases owned now.
     pub owned: IntGauge,
+    /// Leases superseded because the monitored container was replaced.
+    pub superseded: IntCounter,
     /// Per lease: estimated lag in seconds (now − `_ts` of the last change published; 0 caught up).
     pub lag_seconds: GaugeVec,
     /// Per lease: `_lsn` of the last change published.
@@ -43,6 +45,10 @@ impl ChangefeedMetrics {
             lost: registry.counter(
                 "contrail_changefeed_leases_lost_total",
                 "Leases lost to another instance",
+            ),
+            superseded: registry.counter(
+                "contrail_changefeed_leases_superseded_total",
+                "Leases of a replaced container (deleted and created again) superseded by leases of the new one",
             ),
             owned: registry.gauge(
                 "contrail_changefeed_leases_owned",

@@ -221,6 +221,9 @@ async fn process_lease(
                 continue;
             }
             Err(ChangefeedError::LeaseLost(lost)) => return Err(ChangefeedError::LeaseLost(lost)),
+            Err(ChangefeedError::Cosmos(error)) if supersede_if_replaced(&shared, &lease, &error).await => {
+                return Err(ChangefeedError::LeaseLost(id));
+            }
             Err(error) => {
                 let delay = backoff(failures);
                 failures = failures.saturating_add(1);
@@ -232,4 +235,62 @@ async fn process_lease(
         tokio::time::sleep(poll).await;
     }
     Ok(())
+}
+
+/// After a failed poll: when the monitored container was replaced since `lease` was created (its
+/// `_rid` differs, or — for a lease that recorded none — the service refuses the lease's range as
+/// a replaced container's), hands the feed over to leases of the new container
+/// ([`LeaseStore::supersede`]) and says so: the lease task then ends. `false`: not replaced, or
+/// the hand-over failed (retried after the next failed poll).
+async fn supersede_if_replaced(
+    shared: &Shared,
+    lease: &OwnedLease,
+    error: &contrail_cosmos::CosmosStoreError,
+) -> bool {
+    // A container being deleted answers 404 until it exists again: nothing to decide yet.
+    let Ok(rid) = shared.store.current_rid().await else {
+        return false;
+    };
+    let refused = crate::lease::refers_to_replaced_container(error);
+    let document = lease.lock().await;
+    let replaced = match document.container_rid.as_deref() {
+        Some(recorded) => recorded != rid,
+        None => refused,
+    };
+    if !replaced && !refused {
+        return false;
+    }
+    // Requests of this instance still carry the old container's identity (its client was
+    // resolved before the replacement): resolve it afresh, for this and every other lease.
+    if let Err(error) = shared.store.reopen().await {
+        tracing::warn!(%error, "the monitored container was replaced; opening it again failed, retrying");
+        return false;
+    }
+    if !replaced {
+        tracing::info!(lease = %document.id, "the monitored container was replaced; its client was resolved again");
+        return false;
+    }
+    match shared.store.supersede(&document, &rid).await {
+        Ok(created) => {
+            shared.metrics.superseded.inc();
+            // What the old container held after this continuation was deleted with it.
+            tracing::error!(
+                lease = %document.id,
+                range = %document.feed_range,
+                last_lsn = document.last_lsn,
+                last_ts = document.last_ts,
+                new_leases = created,
+                incarnation = document.incarnation + 1,
+                "the monitored container was deleted and created again: this lease's range belongs to the old one; \
+                 the new container is read from its beginning under new leases. Changes of the old container \
+                 after last_lsn were deleted with it and are not published (rebuild serving from history: contrail backfill serving)"
+            );
+            true
+        }
+        Err(ChangefeedError::LeaseLost(_)) => true,
+        Err(error) => {
+            tracing::warn!(lease = %document.id, %error, "the monitored container was replaced; handing the feed to leases of the new one failed, retrying");
+            false
+        }
+    }
 }
