@@ -94,7 +94,14 @@ pub mod topics {
     /// Dead letters of every stage.
     pub const DLQ: &str = "ops.events.dlq";
 
-    /// Every topic, in pipeline order.
+    /// Curated flight states keyed by tail number (the rotation processor's input; written by the
+    /// flight processor when `topics.by_tail` is set).
+    pub const BY_TAIL: &str = "ops.flights.by-tail";
+    /// Knock-on delay predictions (`FlightPrediction`), keyed by flight key.
+    pub const PREDICTIONS: &str = "ops.flights.predictions";
+
+    /// Every topic of the flight pipeline, in pipeline order (the rotation processor's topics
+    /// are created by the deployments that use them).
     pub const ALL: [&str; 7] = [RAW, DLQ, ACCEPTED, LATE, CURATED, CHANGES, ALERTS];
 }
 

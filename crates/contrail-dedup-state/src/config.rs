@@ -39,8 +39,14 @@ pub struct DedupStateConfig {
     pub checkpoint_storage_options: std::collections::BTreeMap<String, contrail_common::config::Secret>,
     /// Checkpoint coordination.
     pub checkpoint: CheckpointConfig,
+    /// Which processor the stage runs on its input: `flight` (DESIGN §3, on the raw events) or
+    /// `rotation` (knock-on delay predictions, on flight states keyed by tail number: point
+    /// `topics.raw` at the flight processor's `topics.by_tail`).
+    pub processor: ProcessorKind,
     /// Processing rules of DESIGN §3.
     pub rules: RulesConfig,
+    /// Rules of the rotation processor.
+    pub rotation: RotationConfig,
     /// Micro-batching.
     pub batch: BatchConfig,
     /// Authentication of the admin and control APIs.
@@ -60,7 +66,9 @@ impl Default for DedupStateConfig {
             checkpoint_url: "./data/dedup-state/checkpoints".to_owned(),
             checkpoint_storage_options: std::collections::BTreeMap::new(),
             checkpoint: CheckpointConfig::default(),
+            processor: ProcessorKind::default(),
             rules: RulesConfig::default(),
+            rotation: RotationConfig::default(),
             batch: BatchConfig::default(),
             auth: AuthConfig::default(),
         }
@@ -83,6 +91,11 @@ pub struct TopicsConfig {
     pub alerts: String,
     /// Records that are not decodable events.
     pub dlq: String,
+    /// The flight processor also writes every curated state here, keyed by its tail number (the
+    /// rotation processor's input); empty (the default): not written.
+    pub by_tail: String,
+    /// The rotation processor's predictions (`FlightPrediction`, keyed by flight key).
+    pub predictions: String,
     /// Create missing topics at start (local development; off against Event Hubs).
     pub create: bool,
     /// Partitions of created topics.
@@ -98,6 +111,8 @@ impl Default for TopicsConfig {
             late: topics::LATE.to_owned(),
             alerts: topics::ALERTS.to_owned(),
             dlq: topics::DLQ.to_owned(),
+            by_tail: String::new(),
+            predictions: topics::PREDICTIONS.to_owned(),
             create: true,
             partitions: 4,
         }
@@ -130,6 +145,56 @@ impl Default for CheckpointConfig {
             interval_ms: 60_000,
             barrier_timeout_ms: 120_000,
             keep: 2,
+        }
+    }
+}
+
+/// The processor a dedup-state deployment runs (one per deployment: each reads its own input).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProcessorKind {
+    /// DESIGN §3: dedup, per-flight order, the fold, DEPARTURE_OVERDUE.
+    #[default]
+    Flight,
+    /// Knock-on delay by aircraft rotation, on flight states keyed by tail number.
+    Rotation,
+}
+
+/// The rotation processor's rules, in minutes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RotationConfig {
+    /// Minimum turn time of an aircraft between an inbound flight's arrival and its next
+    /// departure.
+    pub min_turn_minutes: u32,
+    /// Per carrier code (of the departing flight), overriding `min_turn_minutes`.
+    pub min_turn_minutes_by_carrier: std::collections::BTreeMap<String, u32>,
+    /// A KNOCK_ON_DELAY alert is raised when the inbound delays a flight this long or longer.
+    pub alert_after_minutes: u32,
+}
+
+impl Default for RotationConfig {
+    fn default() -> Self {
+        RotationConfig {
+            min_turn_minutes: 30,
+            min_turn_minutes_by_carrier: std::collections::BTreeMap::new(),
+            alert_after_minutes: 15,
+        }
+    }
+}
+
+impl RotationConfig {
+    /// The rules in microseconds.
+    pub fn rules(&self) -> contrail_flight::rotation::TurnRules {
+        let minutes = |value: u32| i64::from(value) * contrail_flight::rotation::MINUTE_US;
+        contrail_flight::rotation::TurnRules {
+            min_turn_us: minutes(self.min_turn_minutes),
+            per_carrier: self
+                .min_turn_minutes_by_carrier
+                .iter()
+                .map(|(carrier, value)| (carrier.clone(), minutes(*value)))
+                .collect(),
+            alert_after_us: minutes(self.alert_after_minutes),
         }
     }
 }

@@ -19,6 +19,7 @@ pub mod error;
 pub mod in_flight;
 pub mod metrics;
 pub mod processor;
+pub mod rotation;
 pub mod shards;
 pub mod worker;
 
@@ -70,7 +71,14 @@ pub async fn run(config: DedupStateConfig, shutdown: Shutdown) -> Result<(), Ded
     let metrics = metrics::DedupMetrics::new(&stage.registry);
     let tokens = stage.tokens(&config.auth, "auth", "the admin and control APIs", &config.listen)?;
     let t = &config.topics;
-    let names = [&t.raw, &t.curated, &t.accepted, &t.late, &t.alerts, &t.dlq].map(String::as_str);
+    let mut names: Vec<&str> = vec![&t.raw, &t.dlq, &t.alerts];
+    match config.processor {
+        config::ProcessorKind::Flight => names.extend([&t.curated, &t.accepted, &t.late].map(String::as_str)),
+        config::ProcessorKind::Rotation => names.push(&t.predictions),
+    }
+    if !t.by_tail.is_empty() && config.processor == config::ProcessorKind::Flight {
+        names.push(&t.by_tail);
+    }
     stage
         .create_topics(&config.kafka, t.create, &names, t.partitions)
         .await?;
@@ -90,6 +98,8 @@ pub async fn run(config: DedupStateConfig, shutdown: Shutdown) -> Result<(), Ded
         Processing {
             topics: config.topics.clone(),
             rules: config.rules.rules(),
+            processor: config.processor,
+            turn: config.rotation.rules(),
             max_message_bytes: config.kafka.max_message_bytes(),
         },
         metrics.clone(),

@@ -95,16 +95,13 @@ impl FlightProcessor {
 
     fn dead_letter(&self, context: &mut KeyContext<'_>, record: &InputRecord<'_>, reason: String) {
         self.count("invalid");
-        tracing::warn!(partition = self.partition, offset = record.offset, %reason, "undecodable input record to the dead-letter topic");
-        let rejected = Unprocessable {
+        let dead = DeadLetterOf {
             position: self.position(record.offset),
-            key: record.key,
-            payload: record.payload,
-            content_type: "application/x-protobuf; contrail.v1.OperationalEvent".to_owned(),
+            content_type: "application/x-protobuf; contrail.v1.OperationalEvent",
+            dlq: &self.topics.dlq,
+            max_message_bytes: self.max_message_bytes,
         };
-        // Deterministic outputs: no wall clock. The input position identifies the record.
-        let letter = rejected.dead_letter("dedup-state", reason, 0, self.max_message_bytes);
-        context.emit(&self.topics.dlq, record.key, letter);
+        dead.emit(context, record, reason);
     }
 
     fn position(&self, offset: i64) -> SourcePosition {
@@ -113,6 +110,34 @@ impl FlightProcessor {
             partition: self.partition,
             offset,
         }
+    }
+}
+
+/// Where and how an input record a processor cannot process is dead-lettered.
+pub(crate) struct DeadLetterOf<'a> {
+    /// The record's input position.
+    pub(crate) position: SourcePosition,
+    /// What its payload should have been.
+    pub(crate) content_type: &'a str,
+    /// The dead-letter topic.
+    pub(crate) dlq: &'a str,
+    /// No dead letter is larger.
+    pub(crate) max_message_bytes: usize,
+}
+
+impl DeadLetterOf<'_> {
+    /// Emits the dead letter of `record`, saying `reason`.
+    pub(crate) fn emit(self, context: &mut KeyContext<'_>, record: &InputRecord<'_>, reason: String) {
+        tracing::warn!(partition = self.position.partition, offset = record.offset, %reason, "unprocessable input record to the dead-letter topic");
+        let rejected = Unprocessable {
+            position: self.position,
+            key: record.key,
+            payload: record.payload,
+            content_type: self.content_type.to_owned(),
+        };
+        // Deterministic outputs: no wall clock. The input position identifies the record.
+        let letter = rejected.dead_letter("dedup-state", reason, 0, self.max_message_bytes);
+        context.emit(self.dlq, record.key, letter);
     }
 }
 
@@ -222,7 +247,15 @@ impl StatefulProcessor for FlightProcessor {
                     Some(fire_at) => context.register_timer(OVERDUE_TIMER, TimeDomain::EventTime, fire_at),
                     None => context.delete_timer(OVERDUE_TIMER, TimeDomain::EventTime),
                 }
-                context.emit(&self.topics.curated, record.key, state.encode_to_vec());
+                let encoded = state.encode_to_vec();
+                // The rotation processor's input: the same state keyed by its aircraft.
+                if !self.topics.by_tail.is_empty()
+                    && contrail_flight::rotation::in_rotation(&state)
+                    && let Some(tail) = state.tail_number.as_deref().filter(|tail| !tail.contains('\0'))
+                {
+                    context.emit(&self.topics.by_tail, tail.as_bytes(), encoded.clone());
+                }
+                context.emit(&self.topics.curated, record.key, encoded);
                 if let Some(resolution) = resolution {
                     let resolved = Alert {
                         state: AlertState::Resolved as i32,
@@ -283,10 +316,59 @@ impl StatefulProcessor for FlightProcessor {
     }
 }
 
+/// Scaffolding of the processors' fuzz tests.
+#[cfg(test)]
+pub(crate) mod test_support {
+    use contrail_proto::v1::DeadLetter;
+    use contrail_state::{EngineConfig, InputRecord, OutboxRecord, Shard, StatefulProcessor};
+    use prost::Message;
+
+    /// `records` (key, payload) as one batch through `processor` on a fresh shard; the outputs.
+    pub(crate) fn one_batch<P: StatefulProcessor>(
+        records: &[(Vec<u8>, Vec<u8>)],
+        processor: &mut P,
+    ) -> Vec<OutboxRecord> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut shard = Shard::open(&dir.path().join("s"), 0).expect("open");
+        let inputs: Vec<InputRecord<'_>> = records
+            .iter()
+            .enumerate()
+            .map(|(offset, (key, payload))| InputRecord {
+                key,
+                payload,
+                offset: offset as i64,
+                trace: None,
+            })
+            .collect();
+        let engine = EngineConfig {
+            allowed_lateness_us: 3_600_000_000,
+        };
+        let result = shard
+            .process_batch(&inputs, processor, &engine, 0)
+            .expect("a batch of arbitrary records commits");
+        result.outputs.into_iter().map(|(_, output)| output).collect()
+    }
+
+    /// The dead letters among `outputs`, each checked to name the stage, a reason and the
+    /// record's input position.
+    pub(crate) fn dead_letters(outputs: &[OutboxRecord], dlq: &str) -> Vec<DeadLetter> {
+        let letters: Vec<DeadLetter> = outputs
+            .iter()
+            .filter(|output| output.topic == dlq)
+            .map(|output| DeadLetter::decode(output.payload.as_slice()).expect("dead letter"))
+            .collect();
+        for letter in &letters {
+            assert_eq!(letter.stage, "dedup-state");
+            assert!(!letter.reason.is_empty());
+            assert!(letter.input.is_some());
+        }
+        letters
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use contrail_proto::v1::DeadLetter;
     use contrail_state::{EngineConfig, Shard};
     use proptest::prelude::*;
 
@@ -306,23 +388,9 @@ mod tests {
                 1..20,
             )
         ) {
-            let dir = tempfile::tempdir().expect("tempdir");
-            let mut shard = Shard::open(&dir.path().join("s"), 0).expect("open");
-            let inputs: Vec<InputRecord<'_>> = records
-                .iter()
-                .enumerate()
-                .map(|(offset, (key, payload))| InputRecord { key, payload, offset: offset as i64, trace: None })
-                .collect();
             let mut processor = FlightProcessor::new(Rules::default(), topics(), 0, None, 1_000_000);
-            let result = shard
-                .process_batch(&inputs, &mut processor, &EngineConfig { allowed_lateness_us: 3_600_000_000 }, 0)
-                .expect("a batch of arbitrary records commits");
-            let dead: Vec<DeadLetter> = result
-                .outputs
-                .iter()
-                .filter(|(_, output)| output.topic == topics().dlq)
-                .map(|(_, output)| DeadLetter::decode(output.payload.as_slice()).expect("dead letter"))
-                .collect();
+            let outputs = test_support::one_batch(&records, &mut processor);
+            let dead = test_support::dead_letters(&outputs, &topics().dlq);
             let invalid = records
                 .iter()
                 .filter(|(key, payload)| {
@@ -331,11 +399,6 @@ mod tests {
                 })
                 .count();
             prop_assert_eq!(dead.len(), invalid);
-            for letter in &dead {
-                prop_assert_eq!(letter.stage.as_str(), "dedup-state");
-                prop_assert!(!letter.reason.is_empty());
-                prop_assert!(letter.input.is_some());
-            }
         }
     }
 

@@ -22,10 +22,12 @@ use rdkafka::message::Message;
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::{ClientContext, Offset};
 
+use crate::config::ProcessorKind;
 use crate::error::DedupStateError;
 use crate::in_flight::InFlight;
 use crate::metrics::DedupMetrics;
 use crate::processor::{FlightProcessor, INVALID_KEY, OutputTopics};
+use crate::rotation::RotationProcessor;
 use contrail_flight::flight::Rules;
 
 /// One delivery report of an output.
@@ -77,6 +79,10 @@ pub struct Processing {
     pub topics: OutputTopics,
     /// The time rules of DESIGN §3.
     pub rules: Rules,
+    /// Which processor runs on the input.
+    pub processor: crate::config::ProcessorKind,
+    /// The rotation processor's rules.
+    pub turn: contrail_flight::rotation::TurnRules,
     /// The broker's message limit: every output and dead letter stays below it.
     pub max_message_bytes: usize,
 }
@@ -578,23 +584,26 @@ impl ShardSet {
                 got: first.offset,
             });
         }
-        let mut processor = FlightProcessor::new(
-            self.processing.rules,
+        let now_us = chrono::Utc::now().timestamp_micros();
+        let engine = EngineConfig {
+            allowed_lateness_us: lateness_us,
+        };
+        let (topics, metrics, max_bytes) = (
             self.processing.topics.clone(),
-            partition,
             Some(self.metrics.clone()),
             self.processing.max_message_bytes,
         );
-        let now_us = chrono::Utc::now().timestamp_micros();
-        let result = traced.batch.in_scope(|| {
-            shard.process_batch(
-                &inputs,
-                &mut processor,
-                &EngineConfig {
-                    allowed_lateness_us: lateness_us,
-                },
-                now_us,
-            )
+        let result = traced.batch.in_scope(|| match self.processing.processor {
+            ProcessorKind::Flight => {
+                let rules = self.processing.rules;
+                let mut processor = FlightProcessor::new(rules, topics, partition, metrics, max_bytes);
+                shard.process_batch(&inputs, &mut processor, &engine, now_us)
+            }
+            ProcessorKind::Rotation => {
+                let rules = self.processing.turn.clone();
+                let mut processor = RotationProcessor::new(rules, topics, partition, metrics, max_bytes);
+                shard.process_batch(&inputs, &mut processor, &engine, now_us)
+            }
         })?;
         traced.batch.record("outputs", result.outputs.len());
         let next_offset = shard.progress().next_offset.unwrap_or(-1);

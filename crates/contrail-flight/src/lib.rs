@@ -6,5 +6,6 @@
 pub mod document;
 pub mod flight;
 pub mod fold;
+pub mod rotation;
 
 pub use flight::{Rules, Verdict, decide};

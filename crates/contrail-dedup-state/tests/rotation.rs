@@ -1,0 +1,316 @@
+//! The rotation processor on real rotations: a day of nycflights13 replayed (duplicates and
+//! disorder included) up to mid-day through the flight processor, whose by-tail states feed the
+//! rotation processor on real RocksDB shards. Its final prediction of every flight is checked
+//! against an expectation computed here, from the by-tail states and the data set's own tail
+//! numbers, without the processor's code; and the same input cut into other batches, with the
+//! shard reopened between them (a restart), gives byte-identical outputs.
+
+use std::collections::BTreeMap;
+
+use chrono::{NaiveDate, TimeZone, Utc};
+use contrail_dedup_state::config::{RotationConfig, TopicsConfig};
+use contrail_dedup_state::processor::FlightProcessor;
+use contrail_dedup_state::rotation::RotationProcessor;
+use contrail_flight::flight::Rules;
+use contrail_proto::v1::{Alert, AlertState, FlightPrediction, FlightState, OperationalEvent};
+use contrail_state::{EngineConfig, InputRecord, OutboxRecord, Shard};
+use prost::Message;
+
+const MINUTE: i64 = 60_000_000;
+const DAY: (i32, u32, u32) = (2013, 6, 10);
+/// Mid-day in New York (16:00 UTC = 12:00 EDT): the morning's flights have left or arrived, the
+/// afternoon's are scheduled (some announced late).
+const CUTOFF_HOUR_UTC: u32 = 16;
+const BY_TAIL_PARTITIONS: usize = 2;
+
+fn topics() -> TopicsConfig {
+    TopicsConfig {
+        by_tail: "ops.flights.by-tail".to_owned(),
+        ..TopicsConfig::default()
+    }
+}
+
+/// The day's events delivered before the cutoff, as the raw topic would hold them (one partition).
+fn raw_events() -> Vec<OperationalEvent> {
+    let data_dir = contrail_flightdata::default_data_dir().expect("the shipped data/nycflights13");
+    let day = NaiveDate::from_ymd_opt(DAY.0, DAY.1, DAY.2);
+    let data = contrail_flightdata::FlightData::load(&data_dir, day, day).expect("load flights");
+    let cutoff = Utc
+        .with_ymd_and_hms(DAY.0, DAY.1, DAY.2, CUTOFF_HOUR_UTC, 0, 0)
+        .single()
+        .expect("cutoff");
+    let limits = contrail_events::Limits::default();
+    contrail_flightdata::ReplayStream::new(data, contrail_flightdata::ReplayConfig::default())
+        .filter(|delivery| delivery.arrival <= cutoff)
+        .map(|delivery| {
+            contrail_events::validate_record(&delivery.event.to_json(), &limits, 0).expect("a valid event")
+        })
+        .collect()
+}
+
+/// Runs `records` (key, payload) through `make`'s processor on a shard at `path`, in batches of
+/// `batch` records, reopening the shard between batches when `reopen`. Returns the outputs.
+fn run<P: contrail_state::StatefulProcessor>(
+    path: &std::path::Path,
+    records: &[(Vec<u8>, Vec<u8>)],
+    batch: usize,
+    reopen: bool,
+    make: impl Fn() -> P,
+) -> Vec<OutboxRecord> {
+    let engine = EngineConfig {
+        allowed_lateness_us: 3_600_000_000,
+    };
+    let mut shard = Shard::open(path, 0).expect("open shard");
+    let mut outputs = Vec::new();
+    for (chunk_index, chunk) in records.chunks(batch).enumerate() {
+        let inputs: Vec<InputRecord<'_>> = chunk
+            .iter()
+            .enumerate()
+            .map(|(i, (key, payload))| InputRecord {
+                key,
+                payload,
+                offset: (chunk_index * batch + i) as i64,
+                trace: None,
+            })
+            .collect();
+        let mut processor = make();
+        let result = shard
+            .process_batch(&inputs, &mut processor, &engine, 0)
+            .expect("batch commits");
+        let sequences: Vec<u64> = result.outputs.iter().map(|(sequence, _)| *sequence).collect();
+        outputs.extend(result.outputs.into_iter().map(|(_, output)| output));
+        shard.acknowledge(&sequences).expect("acknowledge");
+        if reopen {
+            drop(shard);
+            shard = Shard::open(path, 0).expect("reopen shard");
+        }
+    }
+    outputs
+}
+
+/// The by-tail partition of a tail: any fixed function will do.
+fn partition_of(tail: &[u8]) -> usize {
+    tail.iter().map(|byte| usize::from(*byte)).sum::<usize>() % BY_TAIL_PARTITIONS
+}
+
+/// The expectation, written apart from `contrail_flight::rotation`: per tail, the newest state of
+/// each flight (highest version), the chain in scheduled order, each departure the later of its
+/// own estimate and the previous flown flight's arrival + 30 minutes.
+fn expected_predictions(states: &[FlightState]) -> BTreeMap<String, (i64, Option<i64>, String)> {
+    let mut newest: BTreeMap<String, FlightState> = BTreeMap::new();
+    for state in states {
+        let keep = newest
+            .get(&state.flight_key)
+            .is_none_or(|kept| kept.version < state.version);
+        if keep {
+            newest.insert(state.flight_key.clone(), state.clone());
+        }
+    }
+    let mut by_tail: BTreeMap<String, Vec<FlightState>> = BTreeMap::new();
+    for state in newest.into_values() {
+        by_tail
+            .entry(state.tail_number.clone().unwrap_or_default())
+            .or_default()
+            .push(state);
+    }
+    let mut expected = BTreeMap::new();
+    for (_, mut flights) in by_tail {
+        flights.sort_by_key(|state| {
+            (
+                state.scheduled_out_us.unwrap_or_default(),
+                state.flight_key.clone(),
+            )
+        });
+        let mut previous_arrival: Option<(i64, String)> = None;
+        for state in flights {
+            if state.status == "CANCELLED" {
+                continue;
+            }
+            let scheduled = state.scheduled_out_us.expect("scheduled");
+            let mut cause = String::new();
+            let departure = if let Some(actual) = state.actual_out_us {
+                actual
+            } else {
+                let mut own = scheduled;
+                if let Some(estimate) = state.estimated_out_us
+                    && estimate > own
+                {
+                    own = estimate;
+                }
+                match &previous_arrival {
+                    Some((arrival, key)) if arrival + 30 * MINUTE > own => {
+                        cause = key.clone();
+                        arrival + 30 * MINUTE
+                    }
+                    _ => own,
+                }
+            };
+            let arrival = match state.actual_in_us {
+                Some(actual) => Some(actual),
+                None => {
+                    let shifted = state.scheduled_in_us.map(|time| time + (departure - scheduled));
+                    [shifted, state.estimated_in_us].into_iter().flatten().max()
+                }
+            };
+            previous_arrival = arrival.map(|time| (time, state.flight_key.clone()));
+            expected.insert(state.flight_key.clone(), (departure, arrival, cause));
+        }
+    }
+    expected
+}
+
+#[test]
+fn a_days_real_rotations_are_predicted_as_computed_independently_whatever_the_batches() {
+    let events = raw_events();
+    assert!(
+        events.len() > 3_000,
+        "a day's events before mid-day: {}",
+        events.len()
+    );
+    let raw: Vec<(Vec<u8>, Vec<u8>)> = events
+        .iter()
+        .map(|event| (event.flight_key.clone().into_bytes(), event.encode_to_vec()))
+        .collect();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let flight_outputs = run(&dir.path().join("flight"), &raw, 500, false, || {
+        FlightProcessor::new(Rules::default(), topics(), 0, None, 1_000_000)
+    });
+    // The by-tail topic as the broker would hold it: per partition, in emission order.
+    let mut by_tail: Vec<Vec<(Vec<u8>, Vec<u8>)>> = vec![Vec::new(); BY_TAIL_PARTITIONS];
+    let mut states = Vec::new();
+    for output in flight_outputs
+        .iter()
+        .filter(|output| output.topic == topics().by_tail)
+    {
+        let state = FlightState::decode(output.payload.as_slice()).expect("a FlightState");
+        assert_eq!(
+            state.tail_number.as_deref().map(str::as_bytes),
+            Some(output.key.as_slice())
+        );
+        states.push(state);
+        by_tail[partition_of(&output.key)].push((output.key.clone(), output.payload.clone()));
+    }
+    // The tails are the data set's: every flight of the day with a tail reaches the by-tail topic.
+    let curated_with_tail = flight_outputs
+        .iter()
+        .filter(|output| output.topic == topics().curated)
+        .filter_map(|output| FlightState::decode(output.payload.as_slice()).ok())
+        .filter(|state| state.tail_number.is_some() && state.scheduled_out_us.is_some())
+        .count();
+    assert_eq!(states.len(), curated_with_tail);
+
+    let rules = RotationConfig::default().rules();
+    let mut predictions: BTreeMap<String, FlightPrediction> = BTreeMap::new();
+    let mut alerts: Vec<Alert> = Vec::new();
+    for (partition, records) in by_tail.iter().enumerate() {
+        let make = || RotationProcessor::new(rules.clone(), topics(), partition as i32, None, 1_000_000);
+        let whole = run(
+            &dir.path().join(format!("rotation-{partition}")),
+            records,
+            records.len().max(1),
+            false,
+            make,
+        );
+        let cut = run(
+            &dir.path().join(format!("rotation-cut-{partition}")),
+            records,
+            37,
+            true,
+            make,
+        );
+        assert!(
+            whole == cut,
+            "partition {partition}: other batches and restarts changed the outputs"
+        );
+        for output in whole {
+            if output.topic == topics().predictions {
+                let prediction = FlightPrediction::decode(output.payload.as_slice()).expect("a prediction");
+                assert_eq!(output.key, prediction.flight_key.as_bytes());
+                let previous = predictions.get(&prediction.flight_key).map_or(0, |p| p.version);
+                assert_eq!(prediction.version, previous + 1, "versions count up per flight");
+                predictions.insert(prediction.flight_key.clone(), prediction);
+            } else if output.topic == topics().alerts {
+                alerts.push(Alert::decode(output.payload.as_slice()).expect("an alert"));
+            } else {
+                panic!("unexpected output on {}", output.topic);
+            }
+        }
+    }
+
+    let expected = expected_predictions(&states);
+    let missing: Vec<&String> = expected
+        .keys()
+        .filter(|key| !predictions.contains_key(*key))
+        .collect();
+    assert!(missing.is_empty(), "flights without a prediction: {missing:?}");
+    // Flights predicted and then cancelled end with a cancelled prediction.
+    let cancelled: Vec<&String> = predictions
+        .keys()
+        .filter(|key| !expected.contains_key(*key))
+        .collect();
+    for key in &cancelled {
+        let newest = states
+            .iter()
+            .filter(|state| &&state.flight_key == key)
+            .max_by_key(|state| state.version)
+            .expect("a state");
+        assert_eq!(
+            newest.status, "CANCELLED",
+            "{key} predicted but neither flown nor cancelled"
+        );
+        assert!(
+            predictions[*key].cancelled,
+            "{key}: its last prediction says it is cancelled"
+        );
+    }
+    let mut knocked_on = 0;
+    for (key, (departure, arrival, cause)) in &expected {
+        let got = &predictions[key];
+        assert_eq!(
+            (
+                got.predicted_out_us,
+                got.predicted_in_us,
+                got.knock_on_from.as_str()
+            ),
+            (*departure, *arrival, cause.as_str()),
+            "{key}"
+        );
+        if !cause.is_empty() {
+            knocked_on += 1;
+        }
+    }
+    assert!(
+        knocked_on >= 5,
+        "real rotations knock on: only {knocked_on} flights delayed by their inbound"
+    );
+    // Alerts: raised for exactly the flights whose final prediction is a knock-on ≥ 15 minutes.
+    let mut alerting: BTreeMap<String, bool> = BTreeMap::new();
+    for alert in &alerts {
+        alerting.insert(alert.flight_key.clone(), alert.state() == AlertState::Firing);
+    }
+    for (key, prediction) in &predictions {
+        let wanted = prediction.knock_on_alert;
+        assert_eq!(
+            alerting.get(key).copied().unwrap_or(false),
+            wanted,
+            "{key}: alert state"
+        );
+        if wanted {
+            assert!(
+                !prediction.knock_on_from.is_empty() && prediction.delay_minutes >= 15,
+                "{key}"
+            );
+        }
+    }
+    println!(
+        "{} flights of {} tails predicted ({} then cancelled), {knocked_on} delayed by their inbound, {} alert records",
+        predictions.len(),
+        states
+            .iter()
+            .filter_map(|state| state.tail_number.clone())
+            .collect::<std::collections::BTreeSet<_>>()
+            .len(),
+        cancelled.len(),
+        alerts.len()
+    );
+}
