@@ -13,7 +13,13 @@ use contrail_testkit::delta::{
 };
 use contrail_testkit::{Moments, Probe, create_topics, shared_broker, test_dir, unique, workspace_binary};
 
-const TABLES: [&str; 4] = ["events", "flight_states", "late_events", "serving_changes"];
+const TABLES: [&str; 5] = [
+    "events",
+    "flight_states",
+    "late_events",
+    "serving_changes",
+    "predictions",
+];
 
 struct Topics {
     by_table: BTreeMap<&'static str, String>,
@@ -28,6 +34,7 @@ impl Topics {
             ("flight_states", format!("{prefix}.ops.flights.curated")),
             ("late_events", format!("{prefix}.ops.events.late")),
             ("serving_changes", format!("{prefix}.ops.flights.changes")),
+            ("predictions", format!("{prefix}.ops.flights.predictions")),
         ]
         .into_iter()
         .collect();
@@ -64,6 +71,10 @@ impl Topics {
             (
                 "CONTRAIL_TOPICS__CHANGES".to_owned(),
                 self.by_table["serving_changes"].clone(),
+            ),
+            (
+                "CONTRAIL_TOPICS__PREDICTIONS".to_owned(),
+                self.by_table["predictions"].clone(),
             ),
             // The alerts table has its own exactly-once test (exactly_once.rs, from dedup-state).
             ("CONTRAIL_TOPICS__ALERTS".to_owned(), String::new()),
@@ -187,7 +198,7 @@ fn check_exactly_once(
     }
 }
 
-/// The production URL form on Azure Storage (Azurite): delta-archiver writes the four tables at
+/// The production URL form on Azure Storage (Azurite): delta-archiver writes the five tables at
 /// `abfss://history@ACCOUNT.dfs.core.windows.net/contrail/delta`, a kill -9 mid-stream included;
 /// the independent reader (delta-rs' Python binding, polars) finds one row per identity there,
 /// and Microsoft's client lists every blob below `contrail/delta/<table>/` — no table at the
@@ -254,16 +265,17 @@ fn kill_9_mid_stream_and_between_flush_and_commit_leaves_one_row_per_identity() 
     let root = dir.join("delta");
     let topics = Topics::create(&broker.address, 4);
 
-    // Eleven days of January 2013 → more than 200,000 records over the four topics.
+    // Eleven days of January 2013 → more than 200,000 records over the five topics.
     let stream = HistoryStream::from_raw(&replay_events((1, 1), (1, 11), realistic_feed(23)));
     let expected = stream.expected_identities();
     println!(
-        "{} records: {} accepted, {} curated, {} late, {} changes",
+        "{} records: {} accepted, {} curated, {} late, {} changes, {} predictions",
         stream.len(),
         stream.accepted.len(),
         stream.curated.len(),
         stream.late.len(),
-        stream.changes.len()
+        stream.changes.len(),
+        stream.predictions.len()
     );
     assert!(
         stream.len() >= 200_000,
@@ -509,7 +521,7 @@ fn a_frozen_zombie_cannot_commit_after_its_partitions_moved() {
     let topics = Topics::create(&broker.address, 4);
     let stream = HistoryStream::from_raw(&replay_events((1, 3), (1, 4), realistic_feed(31)));
     let expected = stream.expected_identities();
-    println!("{} records over the four topics", stream.len());
+    println!("{} records over the five topics", stream.len());
 
     let group = unique("dz");
     let settings = |instance: &str| {
@@ -552,11 +564,11 @@ fn a_frozen_zombie_cannot_commit_after_its_partitions_moved() {
     a.process.freeze();
     println!("a frozen between flush and commit");
     // The group gives a's partitions to b once a misses its session timeout (6 s): wait until b
-    // archives every partition of the four topics.
+    // archives every partition of the five topics.
     let b_grpc = b.grpc_url.clone();
     b.process
         .wait_until(
-            "b to own all 16 partitions of the four topics while a is frozen",
+            "b to own all 20 partitions of the five topics while a is frozen",
             Duration::from_secs(120),
             || {
                 let owned: Vec<(String, i32)> = status_at(&b_grpc)
@@ -568,7 +580,7 @@ fn a_frozen_zombie_cannot_commit_after_its_partitions_moved() {
                             .collect()
                     })
                     .unwrap_or_default();
-                Ok(if owned.len() == 16 {
+                Ok(if owned.len() == 20 {
                     Probe::Ready(())
                 } else {
                     Probe::NotYet(format!("b owns {} partitions: {owned:?}", owned.len()))

@@ -81,6 +81,9 @@ pub struct TopicsConfig {
     pub changes: String,
     /// → table `alerts` (raised and resolved).
     pub alerts: String,
+    /// → table `predictions` (the rotation processor's `ops.flights.predictions`); empty (the
+    /// default): not archived.
+    pub predictions: String,
     /// Records that cannot be archived (undecodable, no identity, no valid date).
     pub dlq: String,
     /// Create missing topics at start (local development; off against Event Hubs).
@@ -97,6 +100,7 @@ impl Default for TopicsConfig {
             late: topics::LATE.to_owned(),
             changes: topics::CHANGES.to_owned(),
             alerts: topics::ALERTS.to_owned(),
+            predictions: String::new(),
             dlq: topics::DLQ.to_owned(),
             create: true,
             partitions: 4,
@@ -113,6 +117,7 @@ impl TopicsConfig {
             (Table::LateEvents, &self.late),
             (Table::ServingChanges, &self.changes),
             (Table::Alerts, &self.alerts),
+            (Table::Predictions, &self.predictions),
         ]
         .into_iter()
         .filter(|(_, topic)| !topic.trim().is_empty())
@@ -254,10 +259,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn defaults_are_valid_and_name_every_table() {
+    fn defaults_are_valid_and_name_every_table_but_predictions() {
         let config = DeltaArchiverConfig::default();
         config.validate().expect("defaults valid");
-        assert_eq!(config.topics.tables().len(), Table::ALL.len());
+        let tables: Vec<Table> = config
+            .topics
+            .tables()
+            .into_iter()
+            .map(|(table, _)| table)
+            .collect();
+        let expected: Vec<Table> = Table::ALL
+            .into_iter()
+            .filter(|table| *table != Table::Predictions)
+            .collect();
+        assert_eq!(tables, expected);
     }
 
     #[test]
@@ -290,6 +305,10 @@ mod tests {
             contrail_common::config::load_from(Some(&path), no_environment).expect("example parses");
         assert_eq!(config.validate(), Ok(()));
         assert!(config.delta_root.starts_with("abfss://"));
-        assert_eq!(config.topics.tables().len(), Table::ALL.len());
+        assert_eq!(
+            config.topics.tables().len(),
+            Table::ALL.len() - 1,
+            "predictions off by default"
+        );
     }
 }

