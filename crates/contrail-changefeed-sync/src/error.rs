@@ -18,6 +18,10 @@ pub enum ChangefeedError {
     /// This instance no longer owns the lease (another instance took it over). Stop that lease.
     #[error("lease {0} lost to another instance")]
     LeaseLost(String),
+    /// The lease belonged to a replaced container and was handed over to the new container's
+    /// leases. Stop that lease.
+    #[error("lease {0} superseded: its container was replaced")]
+    Superseded(String),
 }
 
 impl ChangefeedError {
@@ -26,7 +30,9 @@ impl ChangefeedError {
         match self {
             ChangefeedError::Broker(_) => true,
             ChangefeedError::Cosmos(error) => error.is_retryable(),
-            ChangefeedError::Common(_) | ChangefeedError::LeaseLost(_) => false,
+            ChangefeedError::Common(_) | ChangefeedError::LeaseLost(_) | ChangefeedError::Superseded(_) => {
+                false
+            }
         }
     }
 }

@@ -298,9 +298,24 @@ impl LeaseStore {
     /// beginning; every instance creating them ends with the same leases), then deletes `stale`
     /// under If-Match. Returns the leases this call created. Call [`LeaseStore::reopen`] first.
     pub async fn supersede(&self, stale: &Lease, rid: &str) -> Result<usize, ChangefeedError> {
-        let created = self
-            .create_leases(rid, stale.incarnation.saturating_add(1), true)
-            .await?;
+        // Leases of this container may exist already (another instance superseded first, or the
+        // container was replaced twice and a lease two incarnations old meets it now): then
+        // only the stale lease goes, and no second set reads the container again.
+        let current = self.list().await?;
+        let created = if current
+            .iter()
+            .any(|lease| lease.container_rid.as_deref() == Some(rid))
+        {
+            0
+        } else {
+            let newest = current
+                .iter()
+                .map(|lease| lease.incarnation)
+                .max()
+                .unwrap_or_default();
+            self.create_leases(rid, newest.max(stale.incarnation).saturating_add(1), true)
+                .await?
+        };
         self.delete(stale).await?;
         Ok(created)
     }

@@ -67,6 +67,12 @@ pub(crate) async fn maintain(
         if let Some(entry) = running.remove(&id) {
             entry.stop.store(true, Ordering::Relaxed);
             match entry.task.await {
+                Ok(Err(ChangefeedError::Superseded(_))) => {
+                    // Handed over to the new container's leases: not lost, and gone for good.
+                    let _ = shared.metrics.lag_seconds.remove_label_values(&[&id]);
+                    let _ = shared.metrics.last_lsn.remove_label_values(&[&id]);
+                    continue;
+                }
                 Ok(Err(ChangefeedError::LeaseLost(_))) | Ok(Ok(())) => {}
                 Ok(Err(error)) => tracing::warn!(lease = %id, %error, "lease task failed"),
                 Err(error) => tracing::error!(lease = %id, %error, "lease task panicked"),
@@ -77,6 +83,10 @@ pub(crate) async fn maintain(
     }
 
     let leases = shared.store.list().await?;
+    if let Ok(mut board) = shared.board.lock() {
+        // Leases deleted since (superseded after a container replacement) leave the board.
+        board.retain(|id, _| leases.iter().any(|lease| &lease.id == id));
+    }
     let now = now_ms();
     let expiry = shared.config.leases.expiry_ms as i64;
     if let Ok(mut board) = shared.board.lock() {
@@ -222,7 +232,7 @@ async fn process_lease(
             }
             Err(ChangefeedError::LeaseLost(lost)) => return Err(ChangefeedError::LeaseLost(lost)),
             Err(ChangefeedError::Cosmos(error)) if supersede_if_replaced(&shared, &lease, &error).await => {
-                return Err(ChangefeedError::LeaseLost(id));
+                return Err(ChangefeedError::Superseded(id));
             }
             Err(error) => {
                 let delay = backoff(failures);

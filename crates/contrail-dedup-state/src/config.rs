@@ -169,7 +169,8 @@ pub struct RotationConfig {
     pub min_turn_minutes: u32,
     /// Per carrier code (of the departing flight), overriding `min_turn_minutes`.
     pub min_turn_minutes_by_carrier: std::collections::BTreeMap<String, u32>,
-    /// A KNOCK_ON_DELAY alert is raised when the inbound delays a flight this long or longer.
+    /// A KNOCK_ON_DELAY alert is raised when a flight's predicted departure, set by its inbound,
+    /// is this long or more beyond its schedule.
     pub alert_after_minutes: u32,
 }
 
@@ -279,8 +280,39 @@ impl BatchConfig {
 }
 
 impl DedupStateConfig {
+    /// The processor's own topics: a rotation deployment reads the by-tail topic (never the raw
+    /// events, never the flight deployment's group), and writes its predictions somewhere; the
+    /// flight deployment never writes its by-tail states into its own input.
+    fn validate_processor(&self) -> Result<(), String> {
+        let topics = &self.topics;
+        match self.processor {
+            ProcessorKind::Flight if !topics.by_tail.is_empty() && topics.by_tail == topics.raw => Err(format!(
+                "topics.by_tail = {:?} is the input topic (topics.raw): the flight processor would read its own outputs",
+                topics.by_tail
+            )),
+            ProcessorKind::Rotation if topics.raw == topology::topics::RAW => Err(format!(
+                "processor = \"rotation\" with topics.raw = {:?}: the rotation processor reads flight states keyed by tail \
+                 (the flight deployment's topics.by_tail, e.g. {:?}), not the raw events",
+                topics.raw,
+                topology::topics::BY_TAIL
+            )),
+            ProcessorKind::Rotation if self.group.id == GroupConfig::with_id("contrail-dedup-state").id => Err(
+                "processor = \"rotation\" in the flight deployment's consumer group (group.id = \"contrail-dedup-state\"): \
+                 give the rotation deployment its own, e.g. \"contrail-rotation\""
+                    .to_owned(),
+            ),
+            ProcessorKind::Rotation if topics.predictions.trim().is_empty() => {
+                Err("processor = \"rotation\" with an empty topics.predictions".to_owned())
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+impl DedupStateConfig {
     /// Checks values serde cannot; the message names the key and the bad value.
     pub fn validate(&self) -> Result<(), String> {
+        self.validate_processor()?;
         let rules = &self.rules;
         for (name, value) in [
             ("rules.allowed_lateness_secs", rules.allowed_lateness_secs),
@@ -355,6 +387,25 @@ impl DedupStateConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_rotation_deployment_must_read_the_by_tail_topic_in_a_group_of_its_own() {
+        let mut config = DedupStateConfig {
+            processor: ProcessorKind::Rotation,
+            ..DedupStateConfig::default()
+        };
+        let error = config.validate().expect_err("raw events refused");
+        assert!(error.contains("topics.raw = \"ops.events.raw\""), "{error}");
+        config.topics.raw = topics::BY_TAIL.to_owned();
+        let error = config.validate().expect_err("the flight group refused");
+        assert!(error.contains("group.id"), "{error}");
+        config.group.id = "contrail-rotation".to_owned();
+        assert_eq!(config.validate(), Ok(()));
+        let mut flight = DedupStateConfig::default();
+        flight.topics.by_tail = flight.topics.raw.clone();
+        let error = flight.validate().expect_err("own input refused");
+        assert!(error.contains("topics.by_tail"), "{error}");
+    }
 
     #[test]
     fn defaults_are_valid_and_match_the_contract() {

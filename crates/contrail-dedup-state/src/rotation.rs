@@ -115,23 +115,28 @@ fn leg_expiry(state: &FlightState) -> i64 {
     latest.saturating_add(RETAIN_AFTER_US)
 }
 
-/// Whether `prediction` says something other than `emitted` did.
+/// Whether `prediction` says something other than `emitted` did (a flight reinstated after its
+/// cancellation, or re-timed, included).
 fn changed(prediction: &Prediction, alert: bool, emitted: Option<&FlightPrediction>) -> bool {
     let Some(emitted) = emitted else {
         return true;
     };
-    emitted.predicted_out_us != prediction.predicted_out_us
+    emitted.cancelled
+        || emitted.scheduled_out_us != prediction.scheduled_out_us
+        || emitted.predicted_out_us != prediction.predicted_out_us
         || emitted.predicted_in_us != prediction.predicted_in_us
         || emitted.knock_on_from != prediction.knock_on_from.clone().unwrap_or_default()
         || emitted.knock_on_alert != alert
 }
 
-/// The `KNOCK_ON_DELAY` alert of `prediction` (raised when `firing`, else resolved).
+/// The `KNOCK_ON_DELAY` alert of `prediction` (raised when `firing`, else resolved), raised by
+/// the flight's prediction of version `raised_version`.
 fn knock_on_alert(
     prediction: &FlightPrediction,
     firing: bool,
     departed: bool,
     input: SourcePosition,
+    raised_version: u64,
 ) -> Alert {
     let minutes = prediction.delay_minutes;
     let message = if firing {
@@ -146,7 +151,7 @@ fn knock_on_alert(
         )
     };
     Alert {
-        alert_id: format!("{}/{KNOCK_ON_DELAY}", prediction.flight_key),
+        alert_id: format!("{}/{KNOCK_ON_DELAY}/{raised_version}", prediction.flight_key),
         kind: KNOCK_ON_DELAY.to_owned(),
         flight_key: prediction.flight_key.clone(),
         fired_at_us: prediction.scheduled_out_us,
@@ -192,7 +197,9 @@ impl StatefulProcessor for RotationProcessor {
             self.dead_letter(context, record, reason);
             return Ok(());
         }
-        context.observe_event_time(state.updated_at_us);
+        // Event time, bounded by the flight's own retention: a state stamped far in the future
+        // cannot move the shard's watermark past every other flight (they would all expire).
+        context.observe_event_time(state.updated_at_us.min(leg_expiry(&state)));
         let stored = context.map_get::<FlightState>(LEGS, state.flight_key.as_bytes())?;
         if stored.is_some_and(|stored| stored.version >= state.version) {
             self.count("duplicate");
@@ -226,6 +233,8 @@ impl StatefulProcessor for RotationProcessor {
                 continue;
             }
             let was_alerting = emitted.as_ref().is_some_and(|emitted| emitted.knock_on_alert);
+            let version = emitted.as_ref().map_or(0, |emitted| emitted.version) + 1;
+            let raised_before = emitted.as_ref().map_or(0, |emitted| emitted.alert_raised_version);
             let next = FlightPrediction {
                 flight_key: prediction.flight_key.clone(),
                 tail_number: tail.clone(),
@@ -234,11 +243,16 @@ impl StatefulProcessor for RotationProcessor {
                 predicted_in_us: prediction.predicted_in_us,
                 knock_on_from: prediction.knock_on_from.clone().unwrap_or_default(),
                 delay_minutes: i32::try_from(prediction.delay_us() / rotation::MINUTE_US).unwrap_or(i32::MAX),
-                version: emitted.as_ref().map_or(0, |emitted| emitted.version) + 1,
+                version,
                 input: Some(input.clone()),
                 emitted_index: index,
                 knock_on_alert: alert,
                 cancelled: false,
+                alert_raised_version: match (alert, was_alerting) {
+                    (true, true) => raised_before,
+                    (true, false) => version,
+                    (false, _) => 0,
+                },
             };
             index += 1;
             let expiry = leg.map_or(
@@ -249,7 +263,8 @@ impl StatefulProcessor for RotationProcessor {
             let flight_key = next.flight_key.clone().into_bytes();
             context.emit(&self.topics.predictions, &flight_key, next.encode_to_vec());
             if alert != was_alerting {
-                let mut raised = knock_on_alert(&next, alert, departed, input.clone());
+                let raised_version = if alert { version } else { raised_before };
+                let mut raised = knock_on_alert(&next, alert, departed, input.clone(), raised_version);
                 raised.emitted_after_offset = record.offset;
                 raised.emitted_index = alert_index;
                 alert_index += 1;
@@ -276,6 +291,7 @@ impl StatefulProcessor for RotationProcessor {
                 emitted_index: index,
                 knock_on_alert: false,
                 cancelled: true,
+                alert_raised_version: 0,
                 ..emitted.clone()
             };
             index += 1;
@@ -283,7 +299,8 @@ impl StatefulProcessor for RotationProcessor {
             let flight_key = next.flight_key.clone().into_bytes();
             context.emit(&self.topics.predictions, &flight_key, next.encode_to_vec());
             if emitted.knock_on_alert {
-                let mut resolved = knock_on_alert(&next, false, false, input.clone());
+                let mut resolved =
+                    knock_on_alert(&next, false, false, input.clone(), emitted.alert_raised_version);
                 resolved.resolution = "CANCELLED".to_owned();
                 resolved.emitted_after_offset = record.offset;
                 resolved.emitted_index = alert_index;

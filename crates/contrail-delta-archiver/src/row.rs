@@ -133,7 +133,10 @@ pub fn decode(table: Table, position: KafkaPosition, payload: &[u8]) -> Result<R
         Table::Predictions => {
             let prediction = FlightPrediction::decode(payload)
                 .map_err(|error| format!("not a {}: {error}", table.message()))?;
-            if prediction.flight_key.is_empty() || prediction.version == 0 {
+            if prediction.flight_key.is_empty()
+                || prediction.version == 0
+                || i64::try_from(prediction.version).is_err()
+            {
                 return Err(format!(
                     "FlightPrediction without flight_key or version ({:?}, {})",
                     prediction.flight_key, prediction.version
@@ -781,6 +784,7 @@ mod tests {
             emitted_index: 3,
             knock_on_alert: true,
             cancelled: false,
+            alert_raised_version: 0,
         };
         let cancelled = FlightPrediction {
             version: 3,

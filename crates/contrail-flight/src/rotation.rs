@@ -69,7 +69,7 @@ pub struct Prediction {
 impl Prediction {
     /// Predicted out minus scheduled out, µs.
     pub fn delay_us(&self) -> i64 {
-        self.predicted_out_us - self.scheduled_out_us
+        self.predicted_out_us.saturating_sub(self.scheduled_out_us)
     }
 
     /// Whether it is a knock-on delay of at least `rules.alert_after_us`.
@@ -118,7 +118,7 @@ pub fn predict(states: &[&FlightState], rules: &TurnRules) -> Vec<Prediction> {
         let predicted_in = state.actual_in_us.or_else(|| {
             let moved = state
                 .scheduled_in_us
-                .map(|scheduled_in| scheduled_in.saturating_add(predicted_out - scheduled_out));
+                .map(|scheduled_in| scheduled_in.saturating_add(predicted_out.saturating_sub(scheduled_out)));
             match (moved, state.estimated_in_us) {
                 (Some(moved), Some(estimate)) => Some(moved.max(estimate)),
                 (moved, estimate) => moved.or(estimate),
@@ -209,6 +209,20 @@ mod tests {
     }
 
     #[test]
+    fn extreme_times_do_not_overflow() {
+        let mut first = leg("A", 0, 0);
+        first.scheduled_out_us = Some(i64::MIN);
+        first.scheduled_in_us = Some(i64::MAX);
+        first.actual_out_us = Some(i64::MAX);
+        let mut second = leg("B", 0, 0);
+        second.scheduled_out_us = Some(i64::MAX);
+        second.estimated_out_us = Some(i64::MIN);
+        let predictions = predict(&[&first, &second], &TurnRules::default());
+        assert_eq!(predictions.len(), 2);
+        assert_eq!(predictions[0].delay_us(), i64::MAX);
+    }
+
+    #[test]
     fn an_estimate_later_than_the_inbound_is_the_flights_own() {
         let first = leg("A", 6, 8);
         let mut second = leg("B", 8, 10);
@@ -278,7 +292,13 @@ mod tests {
                 shuffled.swap(i % len, index.index(len));
             }
             shuffled.extend(states.iter().take(order.len() % 4).cloned());
-            prop_assert_eq!(&predict(&newest(&shuffled), &rules), &expected);
+            // `predict` itself gets the flights in the shuffled order, not sorted.
+            let mut given = newest(&shuffled);
+            for (i, index) in order.iter().enumerate() {
+                let len = given.len();
+                given.swap(i % len, index.index(len));
+            }
+            prop_assert_eq!(&predict(&given, &rules), &expected);
             for pair in expected.windows(2) {
                 let (inbound, outbound) = (&pair[0], &pair[1]);
                 prop_assert!(outbound.predicted_out_us >= outbound.scheduled_out_us);

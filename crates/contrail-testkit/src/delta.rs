@@ -219,6 +219,7 @@ fn predictions_of(curated: &[FlightState]) -> Vec<FlightPrediction> {
             emitted_index: 0,
             knock_on_alert: prediction.is_knock_on_alert(&rules),
             cancelled: false,
+            alert_raised_version: 0,
         });
     }
     predictions

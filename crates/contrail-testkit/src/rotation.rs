@@ -11,6 +11,8 @@ use contrail_proto::v1::FlightState;
 const MINUTE: i64 = 60_000_000;
 /// The default minimum turn time.
 pub const TURN: i64 = 30 * MINUTE;
+/// The default alert threshold.
+pub const ALERT_AFTER: i64 = 15 * MINUTE;
 
 /// A flight's expected final prediction.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -21,6 +23,9 @@ pub struct ExpectedPrediction {
     pub arrival: Option<i64>,
     /// The inbound flight setting the departure; empty when the flight's own times do.
     pub cause: String,
+    /// Whether a KNOCK_ON_DELAY alert is raised: set by the inbound, 15 minutes or more beyond
+    /// the schedule, not departed.
+    pub alert: bool,
 }
 
 /// Whether `state` belongs to a rotation (the rotation processor's input holds only these).
@@ -87,12 +92,15 @@ pub fn expected_predictions(states: &[FlightState]) -> BTreeMap<String, Expected
                 }
             };
             previous_arrival = arrival.map(|time| (time, state.flight_key.clone()));
+            let alert =
+                !cause.is_empty() && state.actual_out_us.is_none() && departure - scheduled >= ALERT_AFTER;
             expected.insert(
                 state.flight_key.clone(),
                 ExpectedPrediction {
                     departure,
                     arrival,
                     cause,
+                    alert,
                 },
             );
         }
