@@ -10,7 +10,7 @@
 use contrail_common::dead_letter::Unprocessable;
 use contrail_flight::flight::{self, LateReason, Rules, Verdict};
 use contrail_proto::state::v1::FlightKeyState;
-use contrail_proto::v1::{Alert, AlertState, OperationalEvent, SourcePosition};
+use contrail_proto::v1::{Alert, AlertState, FlightState, OperationalEvent, SourcePosition};
 use contrail_state::{InputRecord, KeyContext, StateError, StatefulProcessor, TimeDomain, Timer};
 use prost::Message;
 
@@ -142,6 +142,15 @@ impl DeadLetterOf<'_> {
 }
 
 /// A DEPARTURE_OVERDUE alert of `flight_key` fired at `fired_at_us`; `message` follows the key.
+/// The tail whose rotation `state` belongs to: its tail number when it takes part in one (a
+/// scheduled out, a tail usable as a record key), else empty.
+fn rotation_tail(state: &FlightState) -> &str {
+    match state.tail_number.as_deref() {
+        Some(tail) if contrail_flight::rotation::in_rotation(state) && !tail.contains('\0') => tail,
+        _ => "",
+    }
+}
+
 fn overdue_alert(
     flight_key: &str,
     fired_at_us: i64,
@@ -238,6 +247,23 @@ impl StatefulProcessor for FlightProcessor {
                 if resolution.is_some() {
                     key_state.overdue_resolved = true;
                 }
+                let encoded = state.encode_to_vec();
+                // The rotation processor's input: the same state keyed by its aircraft; when the
+                // aircraft changed, the previous one's rotation gets it too (it lets the flight go).
+                if !self.topics.by_tail.is_empty() {
+                    let tail = rotation_tail(&state);
+                    if !key_state.rotation_tail.is_empty() && key_state.rotation_tail != tail {
+                        context.emit(
+                            &self.topics.by_tail,
+                            key_state.rotation_tail.as_bytes(),
+                            encoded.clone(),
+                        );
+                    }
+                    if !tail.is_empty() {
+                        context.emit(&self.topics.by_tail, tail.as_bytes(), encoded.clone());
+                    }
+                    key_state.rotation_tail = tail.to_owned();
+                }
                 context.set(
                     FLIGHT_STATE,
                     &key_state,
@@ -246,14 +272,6 @@ impl StatefulProcessor for FlightProcessor {
                 match flight::overdue_timer(&state, key_state.overdue_alerted, &self.rules) {
                     Some(fire_at) => context.register_timer(OVERDUE_TIMER, TimeDomain::EventTime, fire_at),
                     None => context.delete_timer(OVERDUE_TIMER, TimeDomain::EventTime),
-                }
-                let encoded = state.encode_to_vec();
-                // The rotation processor's input: the same state keyed by its aircraft.
-                if !self.topics.by_tail.is_empty()
-                    && contrail_flight::rotation::in_rotation(&state)
-                    && let Some(tail) = state.tail_number.as_deref().filter(|tail| !tail.contains('\0'))
-                {
-                    context.emit(&self.topics.by_tail, tail.as_bytes(), encoded.clone());
                 }
                 context.emit(&self.topics.curated, record.key, encoded);
                 if let Some(resolution) = resolution {

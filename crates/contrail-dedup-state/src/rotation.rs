@@ -71,6 +71,138 @@ impl RotationProcessor {
         }
     }
 
+    /// Stores `next` as the flight's last prediction here (until `expiry`) and emits it.
+    fn emit_prediction(
+        &self,
+        context: &mut KeyContext<'_>,
+        out: &mut Emitter,
+        mut next: FlightPrediction,
+        expiry: i64,
+    ) {
+        next.input = Some(out.input.clone());
+        next.emitted_index = out.index;
+        out.index += 1;
+        context.map_put(EMITTED, next.flight_key.as_bytes(), &next, Some(expiry));
+        context.emit(
+            &self.topics.predictions,
+            next.flight_key.as_bytes(),
+            next.encode_to_vec(),
+        );
+    }
+
+    /// Emits the `KNOCK_ON_DELAY` alert of `prediction`: raised when `firing` (by the
+    /// prediction of version `raised_version`), else resolved with `resolution`.
+    fn emit_alert(
+        &self,
+        context: &mut KeyContext<'_>,
+        out: &mut Emitter,
+        prediction: &FlightPrediction,
+        firing: bool,
+        raised_version: u64,
+        resolution: &str,
+    ) {
+        let mut alert = knock_on_alert(prediction, firing, resolution, out.input.clone(), raised_version);
+        alert.emitted_after_offset = out.offset;
+        alert.emitted_index = out.alert_index;
+        out.alert_index += 1;
+        if let Some(metrics) = &self.metrics {
+            let label = if firing { "firing" } else { "resolved" };
+            metrics.alerts.with_label_values(&[label]).inc();
+        }
+        context.emit(
+            &self.topics.alerts,
+            prediction.flight_key.as_bytes(),
+            alert.encode_to_vec(),
+        );
+    }
+
+    /// The last prediction of a flight predicted here as `emitted` and now cancelled (`leg`, its
+    /// newest state): the previous times marked cancelled, and its alert resolved.
+    fn cancel(
+        &self,
+        context: &mut KeyContext<'_>,
+        out: &mut Emitter,
+        emitted: &FlightPrediction,
+        leg: &FlightState,
+        tail: &str,
+    ) {
+        let next = FlightPrediction {
+            tail_number: tail.to_owned(),
+            version: prediction_version(leg.version, Some(emitted)),
+            knock_on_alert: false,
+            cancelled: true,
+            alert_raised_version: 0,
+            ..emitted.clone()
+        };
+        self.emit_prediction(context, out, next.clone(), leg_expiry(leg));
+        if emitted.knock_on_alert {
+            self.emit_alert(
+                context,
+                out,
+                &next,
+                false,
+                emitted.alert_raised_version,
+                "CANCELLED",
+            );
+        }
+    }
+
+    /// `state` says the flight of `emitted` (this tail's last prediction of it) left this
+    /// rotation. Its alert from here ends (`REASSIGNED`). When another tail takes it over, that
+    /// tail's predictions (newer versions) replace this one's; otherwise this tail says the last
+    /// word: cancelled, or the flight's own times. The stored prediction names where the flight
+    /// went, so a return to this tail predicts it again.
+    fn leave(
+        &self,
+        context: &mut KeyContext<'_>,
+        out: &mut Emitter,
+        emitted: &FlightPrediction,
+        state: &FlightState,
+    ) {
+        let went_to = state.tail_number.clone().unwrap_or_default();
+        if emitted.knock_on_alert {
+            self.emit_alert(
+                context,
+                out,
+                emitted,
+                false,
+                emitted.alert_raised_version,
+                "REASSIGNED",
+            );
+        }
+        let taken_over = rotation::in_rotation(state) && !went_to.contains('\0');
+        if !taken_over && state.status == "CANCELLED" {
+            return self.cancel(context, out, emitted, state, &went_to);
+        }
+        let own = (!taken_over)
+            .then(|| rotation::predict(&[state], &self.rules).into_iter().next())
+            .flatten();
+        let mut last = FlightPrediction {
+            tail_number: went_to,
+            knock_on_alert: false,
+            alert_raised_version: 0,
+            ..emitted.clone()
+        };
+        match own {
+            Some(own) => {
+                last.version = prediction_version(state.version, Some(emitted));
+                last.scheduled_out_us = own.scheduled_out_us;
+                last.predicted_out_us = own.predicted_out_us;
+                last.predicted_in_us = own.predicted_in_us;
+                last.knock_on_from = String::new();
+                last.delay_minutes = i32::try_from(own.delay_us() / rotation::MINUTE_US).unwrap_or(i32::MAX);
+                last.cancelled = false;
+                self.emit_prediction(context, out, last, leg_expiry(state));
+            }
+            None => context.map_put(
+                EMITTED,
+                state.flight_key.as_bytes(),
+                &last,
+                Some(leg_expiry(state)),
+            ),
+        }
+    }
+
     fn dead_letter(&self, context: &mut KeyContext<'_>, record: &InputRecord<'_>, reason: String) {
         self.count("invalid");
         let dead = DeadLetterOf {
@@ -83,27 +215,23 @@ impl RotationProcessor {
     }
 }
 
-/// Why `state` (a by-tail record's payload with key `key`) is not a flight of that tail's
-/// rotation, if it is not.
-fn not_in_rotation(state: &FlightState, key: &[u8]) -> Option<String> {
-    if state.flight_key.is_empty() {
-        return Some("flight state without a flight key".to_owned());
-    }
-    if state.tail_number.as_deref().map(str::as_bytes) != Some(key) {
-        return Some(format!(
-            "flight state of {} has tail {:?}, not the record's key {:?}",
-            state.flight_key,
-            state.tail_number,
-            String::from_utf8_lossy(key)
-        ));
-    }
-    if !rotation::in_rotation(state) {
-        return Some(format!(
-            "flight state of {} has no scheduled out",
-            state.flight_key
-        ));
-    }
-    None
+/// Whether `state` (a by-tail record's payload with key `key`) is a flight of that tail's
+/// rotation. A state of another tail (or of none) on this key says the flight left this
+/// rotation: the flight processor sends it to the tail the flight had before.
+fn in_this_rotation(state: &FlightState, key: &[u8]) -> bool {
+    rotation::in_rotation(state) && state.tail_number.as_deref().map(str::as_bytes) == Some(key)
+}
+
+/// The version of the next prediction of a flight whose stored state has `state_version`, after
+/// `emitted`, this tail's last prediction of it: the state version in the high half (clamped to
+/// 2^31 - 1, so it fits Delta's signed column), a count of this tail's predictions of the flight
+/// in the low half. Every tail that gets the flight later gets it with a newer state, so its
+/// predictions are above all of this tail's: the versions are unique per flight and the newest
+/// tail wins the serving store's guard.
+pub fn prediction_version(state_version: u64, emitted: Option<&FlightPrediction>) -> u64 {
+    let high = state_version.min(i32::MAX as u64);
+    let count = emitted.map_or(0, |emitted| emitted.version & u64::from(u32::MAX));
+    (high << 32) | count.saturating_add(1).min(u64::from(u32::MAX))
 }
 
 /// When a flight's state may be forgotten: a day after the later of its scheduled times.
@@ -117,11 +245,14 @@ fn leg_expiry(state: &FlightState) -> i64 {
 
 /// Whether `prediction` says something other than `emitted` did (a flight reinstated after its
 /// cancellation, or re-timed, included).
-fn changed(prediction: &Prediction, alert: bool, emitted: Option<&FlightPrediction>) -> bool {
+fn changed(prediction: &Prediction, alert: bool, emitted: Option<&FlightPrediction>, tail: &str) -> bool {
     let Some(emitted) = emitted else {
         return true;
     };
-    emitted.cancelled
+    // A flight that left this rotation and came back (its stored prediction names the tail it
+    // left for): what that tail predicted is newer, so this tail says it again.
+    emitted.tail_number != tail
+        || emitted.cancelled
         || emitted.scheduled_out_us != prediction.scheduled_out_us
         || emitted.predicted_out_us != prediction.predicted_out_us
         || emitted.predicted_in_us != prediction.predicted_in_us
@@ -129,12 +260,21 @@ fn changed(prediction: &Prediction, alert: bool, emitted: Option<&FlightPredicti
         || emitted.knock_on_alert != alert
 }
 
-/// The `KNOCK_ON_DELAY` alert of `prediction` (raised when `firing`, else resolved), raised by
-/// the flight's prediction of version `raised_version`.
+/// Where the outputs of one input record stand: the record's position, and how many
+/// predictions and alerts it emitted so far (their `emitted_index`).
+struct Emitter {
+    input: SourcePosition,
+    offset: i64,
+    index: u32,
+    alert_index: u32,
+}
+
+/// The `KNOCK_ON_DELAY` alert of `prediction` (raised when `firing`, else resolved with
+/// `resolution`), raised by the flight's prediction of version `raised_version`.
 fn knock_on_alert(
     prediction: &FlightPrediction,
     firing: bool,
-    departed: bool,
+    resolution: &str,
     input: SourcePosition,
     raised_version: u64,
 ) -> Alert {
@@ -163,10 +303,10 @@ fn knock_on_alert(
             AlertState::Resolved as i32
         },
         resolved_at_us: if firing { 0 } else { prediction.predicted_out_us },
-        resolution: match (firing, departed) {
-            (true, _) => String::new(),
-            (false, true) => "DEPARTED".to_owned(),
-            (false, false) => "RECOVERED".to_owned(),
+        resolution: if firing {
+            String::new()
+        } else {
+            resolution.to_owned()
         },
         ..Alert::default()
     }
@@ -193,8 +333,8 @@ impl StatefulProcessor for RotationProcessor {
                 return Ok(());
             }
         };
-        if let Some(reason) = not_in_rotation(&state, record.key) {
-            self.dead_letter(context, record, reason);
+        if state.flight_key.is_empty() {
+            self.dead_letter(context, record, "flight state without a flight key".to_owned());
             return Ok(());
         }
         // Event time, bounded by the flight's own retention: a state stamped far in the future
@@ -205,7 +345,10 @@ impl StatefulProcessor for RotationProcessor {
             self.count("duplicate");
             return Ok(());
         }
-        self.count("accepted");
+        let joins = in_this_rotation(&state, record.key);
+        self.count(if joins { "accepted" } else { "left_rotation" });
+        // A flight that left stays stored (its newer state) until it expires, so an older copy
+        // of its state cannot bring it back; it takes no part in the chain.
         context.map_put(
             LEGS,
             state.flight_key.as_bytes(),
@@ -216,24 +359,30 @@ impl StatefulProcessor for RotationProcessor {
             .map_entries::<FlightState>(LEGS)?
             .into_iter()
             .map(|(_, leg)| leg)
+            .filter(|leg| in_this_rotation(leg, record.key))
             .collect();
         let by_key: std::collections::BTreeMap<&str, &FlightState> =
             legs.iter().map(|leg| (leg.flight_key.as_str(), leg)).collect();
         let predictions = rotation::predict(&legs.iter().collect::<Vec<_>>(), &self.rules);
-        let tail = state.tail_number.clone().unwrap_or_default();
-        let input = self.position(record.offset);
-        let mut index = 0u32;
-        let mut alert_index = 0u32;
+        let tail = String::from_utf8_lossy(record.key).into_owned();
+        let mut out = Emitter {
+            input: self.position(record.offset),
+            offset: record.offset,
+            index: 0,
+            alert_index: 0,
+        };
         for prediction in predictions {
             let emitted = context.map_get::<FlightPrediction>(EMITTED, prediction.flight_key.as_bytes())?;
-            let leg = by_key.get(prediction.flight_key.as_str());
-            let departed = leg.is_some_and(|leg| leg.actual_out_us.is_some());
+            let Some(leg) = by_key.get(prediction.flight_key.as_str()) else {
+                continue;
+            };
+            let departed = leg.actual_out_us.is_some();
             let alert = prediction.is_knock_on_alert(&self.rules) && !departed;
-            if !changed(&prediction, alert, emitted.as_ref()) {
+            if !changed(&prediction, alert, emitted.as_ref(), &tail) {
                 continue;
             }
             let was_alerting = emitted.as_ref().is_some_and(|emitted| emitted.knock_on_alert);
-            let version = emitted.as_ref().map_or(0, |emitted| emitted.version) + 1;
+            let version = prediction_version(leg.version, emitted.as_ref());
             let raised_before = emitted.as_ref().map_or(0, |emitted| emitted.alert_raised_version);
             let next = FlightPrediction {
                 flight_key: prediction.flight_key.clone(),
@@ -244,8 +393,8 @@ impl StatefulProcessor for RotationProcessor {
                 knock_on_from: prediction.knock_on_from.clone().unwrap_or_default(),
                 delay_minutes: i32::try_from(prediction.delay_us() / rotation::MINUTE_US).unwrap_or(i32::MAX),
                 version,
-                input: Some(input.clone()),
-                emitted_index: index,
+                input: None,
+                emitted_index: 0,
                 knock_on_alert: alert,
                 cancelled: false,
                 alert_raised_version: match (alert, was_alerting) {
@@ -254,25 +403,11 @@ impl StatefulProcessor for RotationProcessor {
                     (false, _) => 0,
                 },
             };
-            index += 1;
-            let expiry = leg.map_or(
-                prediction.scheduled_out_us.saturating_add(RETAIN_AFTER_US),
-                |leg| leg_expiry(leg),
-            );
-            context.map_put(EMITTED, prediction.flight_key.as_bytes(), &next, Some(expiry));
-            let flight_key = next.flight_key.clone().into_bytes();
-            context.emit(&self.topics.predictions, &flight_key, next.encode_to_vec());
+            self.emit_prediction(context, &mut out, next.clone(), leg_expiry(leg));
             if alert != was_alerting {
                 let raised_version = if alert { version } else { raised_before };
-                let mut raised = knock_on_alert(&next, alert, departed, input.clone(), raised_version);
-                raised.emitted_after_offset = record.offset;
-                raised.emitted_index = alert_index;
-                alert_index += 1;
-                if let Some(metrics) = &self.metrics {
-                    let label = if alert { "firing" } else { "resolved" };
-                    metrics.alerts.with_label_values(&[label]).inc();
-                }
-                context.emit(&self.topics.alerts, &flight_key, raised.encode_to_vec());
+                let resolution = if departed { "DEPARTED" } else { "RECOVERED" };
+                self.emit_alert(context, &mut out, &next, alert, raised_version, resolution);
             }
         }
         // A flight cancelled after it had a prediction: its last prediction says so (and its
@@ -282,34 +417,20 @@ impl StatefulProcessor for RotationProcessor {
             else {
                 continue;
             };
-            if emitted.cancelled {
+            if emitted.cancelled && emitted.tail_number == tail {
                 continue;
             }
-            let next = FlightPrediction {
-                version: emitted.version + 1,
-                input: Some(input.clone()),
-                emitted_index: index,
-                knock_on_alert: false,
-                cancelled: true,
-                alert_raised_version: 0,
-                ..emitted.clone()
-            };
-            index += 1;
-            context.map_put(EMITTED, leg.flight_key.as_bytes(), &next, Some(leg_expiry(leg)));
-            let flight_key = next.flight_key.clone().into_bytes();
-            context.emit(&self.topics.predictions, &flight_key, next.encode_to_vec());
-            if emitted.knock_on_alert {
-                let mut resolved =
-                    knock_on_alert(&next, false, false, input.clone(), emitted.alert_raised_version);
-                resolved.resolution = "CANCELLED".to_owned();
-                resolved.emitted_after_offset = record.offset;
-                resolved.emitted_index = alert_index;
-                alert_index += 1;
-                if let Some(metrics) = &self.metrics {
-                    metrics.alerts.with_label_values(&["resolved"]).inc();
-                }
-                context.emit(&self.topics.alerts, &flight_key, resolved.encode_to_vec());
-            }
+            self.cancel(context, &mut out, &emitted, leg, &tail);
+        }
+        // The flight left this rotation: its alert from here ends, and unless another tail takes
+        // it over (with newer predictions), its last prediction here is replaced by one from its
+        // own times (or a cancelled one), so no knock-on from this aircraft stays behind.
+        if !joins
+            && let Some(emitted) =
+                context.map_get::<FlightPrediction>(EMITTED, state.flight_key.as_bytes())?
+            && emitted.tail_number == tail
+        {
+            self.leave(context, &mut out, &emitted, &state);
         }
         Ok(())
     }
@@ -342,8 +463,8 @@ mod tests {
         #![proptest_config(ProptestConfig::with_cases(200))]
 
         /// Any bytes as key and payload (valid states of the key's tail mixed in): no panic, no
-        /// error, and every record that is not a flight state of its key's rotation becomes
-        /// exactly one dead letter naming its input position.
+        /// error, and every record that is not a flight's state becomes exactly one dead letter
+        /// naming its input position (a flight's state of another tail says the flight left).
         #[test]
         fn arbitrary_input_never_fails_and_bad_records_become_dead_letters(
             records in prop::collection::vec(
@@ -362,18 +483,19 @@ mod tests {
             let dead = crate::processor::test_support::dead_letters(&outputs, &topics.dlq);
             let invalid = records
                 .iter()
-                .filter(|(key, payload)| {
-                    FlightState::decode(payload.as_slice()).map_or(true, |state| not_in_rotation(&state, key).is_some())
+                .filter(|(_, payload)| {
+                    FlightState::decode(payload.as_slice()).map_or(true, |state| state.flight_key.is_empty())
                 })
                 .count();
             prop_assert_eq!(dead.len(), invalid);
-            // A copy or an older version of a flight's state changes nothing: versions of the
-            // predictions emitted per flight count up from 1 without a gap.
+            // A copy or an older version of a flight's state changes nothing: the versions of
+            // the predictions emitted per flight rise, their counts (low half) by one each.
             let mut versions: std::collections::BTreeMap<String, u64> = std::collections::BTreeMap::new();
             for output in outputs.iter().filter(|output| output.topic == topics.predictions) {
                 let prediction = FlightPrediction::decode(output.payload.as_slice()).expect("prediction");
                 let last = versions.entry(prediction.flight_key.clone()).or_default();
-                prop_assert_eq!(prediction.version, *last + 1);
+                prop_assert!(prediction.version > *last);
+                prop_assert_eq!(prediction.version & 0xffff_ffff, (*last & 0xffff_ffff) + 1);
                 *last = prediction.version;
             }
         }

@@ -42,12 +42,72 @@ fn raw_events() -> Vec<OperationalEvent> {
         .single()
         .expect("cutoff");
     let limits = contrail_events::Limits::default();
-    contrail_flightdata::ReplayStream::new(data, contrail_flightdata::ReplayConfig::default())
-        .filter(|delivery| delivery.arrival <= cutoff)
-        .map(|delivery| {
-            contrail_events::validate_record(&delivery.event.to_json(), &limits, 0).expect("a valid event")
-        })
+    let mut records: Vec<serde_json::Value> =
+        contrail_flightdata::ReplayStream::new(data, contrail_flightdata::ReplayConfig::default())
+            .filter(|delivery| delivery.arrival <= cutoff)
+            .map(|delivery| delivery.event.to_json())
+            .collect();
+    let swaps = aircraft_swaps(&records, cutoff);
+    records.extend(swaps);
+    records
+        .iter()
+        .map(|record| contrail_events::validate_record(record, &limits, 0).expect("a valid event"))
         .collect()
+}
+
+/// Aircraft swaps as operations control makes them during the day (`TAIL_ASSIGNED`, which the
+/// data set's replay never sends): of the flights leaving after 17:00 UTC whose schedule was
+/// delivered, every 12th of a carrier (in delivery order) gets the aircraft of the carrier's next
+/// such flight at 15:30 UTC, and every third of those gets its own aircraft back at 15:40 UTC.
+fn aircraft_swaps(records: &[serde_json::Value], cutoff: chrono::DateTime<Utc>) -> Vec<serde_json::Value> {
+    let after = cutoff + chrono::Duration::hours(1);
+    let mut by_carrier: BTreeMap<String, Vec<(&serde_json::Value, String)>> = BTreeMap::new();
+    for record in records.iter().filter(|record| record["type"] == "SCHEDULED") {
+        let (Some(tail), Some(out)) = (
+            record["data"]["tail_number"].as_str(),
+            record["data"]["scheduled_out"].as_str(),
+        ) else {
+            continue;
+        };
+        let out = chrono::DateTime::parse_from_rfc3339(out).expect("scheduled_out is RFC 3339");
+        if out > after {
+            let carrier = record["flight"]["carrier"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            by_carrier
+                .entry(carrier)
+                .or_default()
+                .push((record, tail.to_owned()));
+        }
+    }
+    let assign = |schedule: &serde_json::Value, tail: &str, minute: u32, n: usize| {
+        let mut event = schedule.clone();
+        event["type"] = "TAIL_ASSIGNED".into();
+        event["source"] = "ops-control".into();
+        event["event_id"] = format!("swap-{n}-{minute}").into();
+        event["event_time"] = format!("{:04}-{:02}-{:02}T15:{minute:02}:00Z", DAY.0, DAY.1, DAY.2).into();
+        event["data"] = serde_json::json!({ "tail_number": tail });
+        event
+    };
+    let mut swaps = Vec::new();
+    let mut returns = Vec::new();
+    for flights in by_carrier.values() {
+        for (index, pair) in flights.windows(2).enumerate().step_by(12) {
+            let [(schedule, own), (_, other)] = pair else {
+                continue;
+            };
+            if own == other {
+                continue;
+            }
+            swaps.push(assign(schedule, other, 30, swaps.len()));
+            if index % 36 == 0 {
+                returns.push(assign(schedule, own, 40, swaps.len()));
+            }
+        }
+    }
+    swaps.extend(returns);
+    swaps
 }
 
 /// Runs `records` (key, payload) through `make`'s processor on a shard at `path`, in batches of
@@ -158,18 +218,36 @@ fn a_days_real_rotations_are_predicted_from_the_newest_states_whatever_the_batch
     // The by-tail topic as the broker would hold it: per partition, in emission order.
     let mut by_tail: Vec<Vec<(Vec<u8>, Vec<u8>)>> = vec![Vec::new(); BY_TAIL_PARTITIONS];
     let mut states = Vec::new();
+    // Per flight, the tail its states went to last: a state on another key must be the notice
+    // to the tail the flight just left.
+    let mut rotation_of: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+    let mut notices = 0;
     for output in flight_outputs
         .iter()
         .filter(|output| output.topic == topics().by_tail)
     {
         let state = FlightState::decode(output.payload.as_slice()).expect("a FlightState");
-        assert_eq!(
-            state.tail_number.as_deref().map(str::as_bytes),
-            Some(output.key.as_slice())
-        );
-        states.push(state);
         by_tail[partition_of(&output.key)].push((output.key.clone(), output.payload.clone()));
+        if state.tail_number.as_deref().map(str::as_bytes) == Some(output.key.as_slice()) {
+            rotation_of.insert(state.flight_key.clone(), output.key.clone());
+            states.push(state);
+        } else {
+            assert_eq!(
+                rotation_of.get(&state.flight_key),
+                Some(&output.key),
+                "{}: a state of tail {:?} sent to a tail it never had",
+                state.flight_key,
+                state.tail_number
+            );
+            notices += 1;
+        }
     }
+    let swaps = events
+        .iter()
+        .filter(|event| event.event_id.starts_with("swap-"))
+        .count();
+    assert!(swaps >= 20, "only {swaps} aircraft swaps");
+    assert_eq!(notices, swaps, "every swap tells the aircraft the flight left");
     // The tails are the data set's: every flight of the day with a tail reaches the by-tail topic.
     let curated_with_tail = flight_outputs
         .iter()
@@ -182,6 +260,8 @@ fn a_days_real_rotations_are_predicted_from_the_newest_states_whatever_the_batch
     let rules = RotationConfig::default().rules();
     let mut predictions: BTreeMap<String, FlightPrediction> = BTreeMap::new();
     let mut alerts: Vec<Alert> = Vec::new();
+    let mut counts: BTreeMap<(String, String), u64> = BTreeMap::new();
+    let mut seen_versions = std::collections::BTreeSet::new();
     for (partition, records) in by_tail.iter().enumerate() {
         let make = || RotationProcessor::new(rules.clone(), topics(), partition as i32, None, 1_000_000);
         let whole = run(
@@ -206,9 +286,35 @@ fn a_days_real_rotations_are_predicted_from_the_newest_states_whatever_the_batch
             if output.topic == topics().predictions {
                 let prediction = FlightPrediction::decode(output.payload.as_slice()).expect("a prediction");
                 assert_eq!(output.key, prediction.flight_key.as_bytes());
-                let previous = predictions.get(&prediction.flight_key).map_or(0, |p| p.version);
-                assert_eq!(prediction.version, previous + 1, "versions count up per flight");
-                predictions.insert(prediction.flight_key.clone(), prediction);
+                // Per flight and aircraft the versions rise and their counts go up by one; the
+                // newest version of a flight, whichever aircraft made it, is its prediction.
+                let previous = counts
+                    .entry((prediction.flight_key.clone(), prediction.tail_number.clone()))
+                    .or_default();
+                assert!(
+                    prediction.version > *previous,
+                    "{}: versions rise",
+                    prediction.flight_key
+                );
+                assert_eq!(
+                    prediction.version & 0xffff_ffff,
+                    (*previous & 0xffff_ffff) + 1,
+                    "{}: counted per aircraft without a gap",
+                    prediction.flight_key
+                );
+                *previous = prediction.version;
+                assert!(
+                    seen_versions.insert((prediction.flight_key.clone(), prediction.version)),
+                    "{} version {}: made twice (by two aircraft)",
+                    prediction.flight_key,
+                    prediction.version
+                );
+                if predictions
+                    .get(&prediction.flight_key)
+                    .is_none_or(|newest| newest.version < prediction.version)
+                {
+                    predictions.insert(prediction.flight_key.clone(), prediction);
+                }
             } else if output.topic == topics().alerts {
                 alerts.push(Alert::decode(output.payload.as_slice()).expect("an alert"));
             } else {
@@ -265,9 +371,22 @@ fn a_days_real_rotations_are_predicted_from_the_newest_states_whatever_the_batch
     );
     // Alerts: each flight's last alert record says what the expectation says (raised for a
     // knock-on of 15 minutes or more before departure; none, or resolved, otherwise).
-    let mut alerting: BTreeMap<String, bool> = BTreeMap::new();
+    // An alert is identified by its id (a flight moved to another aircraft may be raised there
+    // anew); a flight is alerting when one of its alerts is, and never by two at once.
+    let mut last_of: BTreeMap<&str, &Alert> = BTreeMap::new();
     for alert in &alerts {
-        alerting.insert(alert.flight_key.clone(), alert.state() == AlertState::Firing);
+        last_of.insert(alert.alert_id.as_str(), alert);
+    }
+    let mut alerting: BTreeMap<String, bool> = BTreeMap::new();
+    for alert in last_of.values() {
+        let firing = alert.state() == AlertState::Firing;
+        let flight = alerting.entry(alert.flight_key.clone()).or_default();
+        assert!(
+            !(firing && *flight),
+            "{}: two alerts raised at once",
+            alert.flight_key
+        );
+        *flight |= firing;
     }
     for key in predictions.keys() {
         let wanted = expected.get(key).is_some_and(|want| want.alert);
@@ -286,7 +405,7 @@ fn a_days_real_rotations_are_predicted_from_the_newest_states_whatever_the_batch
         "some knock-on raises an alert"
     );
     println!(
-        "{} flights of {} tails predicted ({} then cancelled), {knocked_on} delayed by their inbound, {} alert records",
+        "{} flights of {} tails predicted ({} then cancelled), {knocked_on} delayed by their inbound, {} alert records, {swaps} aircraft swaps",
         predictions.len(),
         states
             .iter()

@@ -140,6 +140,7 @@ pub fn decide(
         seen: Vec::new(),
         overdue_resolved: false,
         overdue_fired_at_us: 0,
+        rotation_tail: String::new(),
     });
     state.seen.retain(|seen| seen.expires_at_us > shard_watermark_us);
     state.seen.push(SeenEvent {
