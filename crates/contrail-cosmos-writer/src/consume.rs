@@ -12,8 +12,8 @@ use std::time::Duration;
 use contrail_common::dead_letter::Unprocessable;
 use contrail_common::shutdown::Shutdown;
 use contrail_common::trace::TraceParent;
-use contrail_flight::document::flight_document;
-use contrail_proto::v1::{FlightState, SourcePosition};
+use contrail_flight::document::{flight_document, prediction_fields};
+use contrail_proto::v1::{FlightPrediction, FlightState, SourcePosition};
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use prost::Message as _;
@@ -23,11 +23,11 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Offset, TopicPartitionList};
 use tracing::Instrument;
 
-use crate::config::CosmosWriterConfig;
+use crate::config::{CosmosWriterConfig, Input};
 use crate::error::CosmosWriterError;
 use crate::metrics::WriterMetrics;
 use crate::window::{Offer, Window, Write};
-use crate::writer::{DocumentWriter, Outcome, WriteError};
+use crate::writer::{Change, DocumentWriter, Outcome, WriteError};
 
 pub(crate) struct Loop<'a> {
     pub(crate) config: &'a CosmosWriterConfig,
@@ -40,8 +40,20 @@ pub(crate) struct Loop<'a> {
     pub(crate) shutdown: &'a Shutdown,
 }
 
-/// What a write carries: the document, and the record it came from (for a dead letter).
-type Carried = (serde_json::Value, OwnedMessage);
+/// What a write carries: the document (or the prediction's fields), and the record it came from
+/// (for a dead letter).
+type Carried = (Item, OwnedMessage);
+
+/// What a record writes.
+enum Item {
+    /// A flight state's whole document.
+    Document(serde_json::Value),
+    /// A prediction's fields of the flight's document.
+    Prediction(serde_json::Map<String, serde_json::Value>),
+}
+
+/// The field guarding the prediction fields of a flight document.
+const PREDICTION_GUARD: &str = "predictionVersion";
 
 /// The loop stops consuming: the stage is stopping, or the dead-letter topic refused a record
 /// (its partition must not be committed past it; the restarted stage meets it again).
@@ -132,9 +144,20 @@ impl Loop<'_> {
         let shutdown = self.shutdown.clone();
         let stopping = move || shutdown.is_triggered();
         let span = write_span(&write);
+        let change = match &write.item.0 {
+            Item::Document(document) => Change::State {
+                version: write.version,
+                document,
+            },
+            Item::Prediction(fields) => Change::Fields {
+                version: write.version,
+                guard: PREDICTION_GUARD,
+                fields,
+            },
+        };
         let outcome = self
             .writer
-            .write(&write.key, write.version, &write.item.0, &stopping)
+            .apply(&write.key, change, &stopping)
             .instrument(span.clone())
             .await;
         span.record(
@@ -164,13 +187,17 @@ impl Loop<'_> {
         Ok(())
     }
 
-    /// The record as `(flight key, version, serving document)`, or why it is not a flight state.
-    fn decode(&self, message: &OwnedMessage) -> Result<(String, u64, serde_json::Value), String> {
+    /// The record as `(flight key, version, what to write)`, or why it is not one of the
+    /// deployment's input.
+    fn decode(&self, message: &OwnedMessage) -> Result<(String, u64, Item), String> {
         let key = message
             .key()
             .map(|key| String::from_utf8_lossy(key).into_owned())
             .unwrap_or_default();
         let payload = message.payload().unwrap_or_default();
+        if self.config.input == Input::Predictions {
+            return decode_prediction(&key, payload);
+        }
         let state = FlightState::decode(payload)
             .map_err(|error| format!("not a contrail.v1.FlightState: {error}"))?;
         if state.flight_key.is_empty() {
@@ -186,7 +213,7 @@ impl Loop<'_> {
             return Err(format!("FlightState {} has version 0", state.flight_key));
         }
         let document = flight_document(&state);
-        Ok((state.flight_key, state.version, document))
+        Ok((state.flight_key, state.version, Item::Document(document)))
     }
 
     async fn dead_letter(&self, message: &OwnedMessage, reason: String) -> Result<(), Stop> {
@@ -201,7 +228,11 @@ impl Loop<'_> {
             },
             key,
             payload: message.payload().unwrap_or_default(),
-            content_type: "application/x-protobuf; contrail.v1.FlightState".to_owned(),
+            content_type: match self.config.input {
+                Input::FlightStates => "application/x-protobuf; contrail.v1.FlightState",
+                Input::Predictions => "application/x-protobuf; contrail.v1.FlightPrediction",
+            }
+            .to_owned(),
         }
         .dead_letter("cosmos-writer", reason, 0, self.config.kafka.max_message_bytes());
         let mut record = FutureRecord::to(&self.config.topics.dlq)
@@ -232,7 +263,7 @@ impl Loop<'_> {
         // would move the new owner's point back. Should the partition come back, its point is
         // still true (every record below it is in Cosmos DB) and is committed then.
         let owned = match self.consumer.assignment() {
-            Ok(assignment) => owned_partitions(&assignment, &self.config.topics.curated),
+            Ok(assignment) => owned_partitions(&assignment, self.config.input_topic()),
             Err(error) => {
                 tracing::warn!(%error, "reading the assignment; committing at the next tick");
                 return;
@@ -245,7 +276,7 @@ impl Loop<'_> {
         let mut list = TopicPartitionList::new();
         for (partition, offset) in &points {
             if let Err(error) =
-                list.add_partition_offset(&self.config.topics.curated, *partition, Offset::Offset(*offset))
+                list.add_partition_offset(self.config.input_topic(), *partition, Offset::Offset(*offset))
             {
                 tracing::warn!(%error, "offset list");
             }
@@ -290,6 +321,33 @@ fn write_span(write: &Write<Carried>) -> tracing::Span {
     }
 }
 
+/// A predictions record as `(flight key, version, fields)`, or why it is not a prediction.
+fn decode_prediction(key: &str, payload: &[u8]) -> Result<(String, u64, Item), String> {
+    let prediction = FlightPrediction::decode(payload)
+        .map_err(|error| format!("not a contrail.v1.FlightPrediction: {error}"))?;
+    if prediction.flight_key.is_empty() {
+        return Err("FlightPrediction without flight_key".to_owned());
+    }
+    if prediction.flight_key != key {
+        return Err(format!(
+            "record key {key:?} is not the prediction's flight key {:?}",
+            prediction.flight_key
+        ));
+    }
+    if prediction.version == 0 {
+        return Err(format!(
+            "FlightPrediction {} has version 0",
+            prediction.flight_key
+        ));
+    }
+    let fields = prediction_fields(&prediction);
+    Ok((
+        prediction.flight_key,
+        prediction.version,
+        Item::Prediction(fields),
+    ))
+}
+
 /// The partitions of `topic` in `assignment`.
 fn owned_partitions(assignment: &TopicPartitionList, topic: &str) -> std::collections::BTreeSet<i32> {
     assignment
@@ -302,6 +360,46 @@ fn owned_partitions(assignment: &TopicPartitionList, topic: &str) -> std::collec
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    proptest::proptest! {
+        /// Any bytes under any key: a reason or a prediction of exactly that key, never a panic.
+        #[test]
+        fn prediction_records_decode_or_say_why(key in ".{0,12}", payload in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..80)) {
+            match decode_prediction(&key, &payload) {
+                Ok((flight, version, Item::Prediction(fields))) => {
+                    proptest::prop_assert_eq!(&flight, &key);
+                    proptest::prop_assert!(version > 0);
+                    proptest::prop_assert_eq!(&fields[PREDICTION_GUARD], &serde_json::json!(version));
+                }
+                Ok(_) => proptest::prop_assert!(false, "a prediction decodes to fields"),
+                Err(reason) => proptest::prop_assert!(!reason.is_empty()),
+            }
+        }
+    }
+
+    #[test]
+    fn a_prediction_of_another_flight_or_version_0_is_refused() {
+        let prediction = FlightPrediction {
+            flight_key: "B6-1-2013-06-10-JFK".to_owned(),
+            version: 1 << 32 | 1,
+            ..FlightPrediction::default()
+        };
+        let payload = prediction.encode_to_vec();
+        assert!(decode_prediction("B6-1-2013-06-10-JFK", &payload).is_ok());
+        let error = decode_prediction("B6-2-2013-06-10-JFK", &payload)
+            .map(|_| ())
+            .expect_err("key");
+        assert!(error.contains("B6-2-2013-06-10-JFK"), "{error}");
+        let zero = FlightPrediction {
+            version: 0,
+            ..prediction
+        }
+        .encode_to_vec();
+        let error = decode_prediction("B6-1-2013-06-10-JFK", &zero)
+            .map(|_| ())
+            .expect_err("v0");
+        assert!(error.contains("version 0"), "{error}");
+    }
 
     #[test]
     fn only_the_partitions_of_the_curated_topic_in_the_assignment_are_owned() {

@@ -1,4 +1,7 @@
-//! The `cosmos-writer` stage (DESIGN §4, §5): `ops.flights.curated` → Cosmos DB `flights`.
+//! The `cosmos-writer` stage (DESIGN §4, §5): `ops.flights.curated` → Cosmos DB `flights`; a
+//! deployment with `input = "predictions"` writes the rotation processor's
+//! `ops.flights.predictions` into the same documents' prediction fields (`predictedOut`,
+//! `knockOnFrom`, …, guarded by `predictionVersion`; see [`writer`] for how the two compose).
 //!
 //! A consumer-group member decodes curated `FlightState`s as they arrive (undecodable records and
 //! records whose key is not their flight key go to the dead-letter topic with the reason) and
@@ -47,6 +50,7 @@ fn producer(config: &CosmosWriterConfig) -> Result<FutureProducer, CosmosWriterE
 
 /// Runs the stage until `shutdown`.
 pub async fn run(config: CosmosWriterConfig, shutdown: Shutdown) -> Result<(), CosmosWriterError> {
+    let config = config.with_input_defaults();
     let stage = StageContext::start(topology::COSMOS_WRITER, config.validate(), shutdown)?;
     let metrics = WriterMetrics::new(&stage.registry);
     let tokens = stage.tokens(&config.auth, "auth", "the admin API", &config.listen)?;
@@ -55,7 +59,7 @@ pub async fn run(config: CosmosWriterConfig, shutdown: Shutdown) -> Result<(), C
         .create_topics(
             &config.kafka,
             topics.create,
-            &[topics.curated.as_str(), topics.dlq.as_str()],
+            &[config.input_topic(), topics.dlq.as_str()],
             topics.partitions,
         )
         .await?;
@@ -72,7 +76,8 @@ pub async fn run(config: CosmosWriterConfig, shutdown: Shutdown) -> Result<(), C
         .with_outage(contrail_cosmos::CredentialOutage::with_health(
             "writes",
             stage.health.clone(),
-        )),
+        ))
+        .with_document_wait(std::time::Duration::from_secs(config.batch.document_wait_seconds)),
     );
     let consumer: Arc<StreamConsumer> = Arc::new(
         config
@@ -82,15 +87,15 @@ pub async fn run(config: CosmosWriterConfig, shutdown: Shutdown) -> Result<(), C
             .map_err(|error| CosmosWriterError::Broker(format!("consumer: {error}")))?,
     );
     consumer
-        .subscribe(&[topics.curated.as_str()])
-        .map_err(|error| CosmosWriterError::Broker(format!("subscribe {}: {error}", topics.curated)))?;
+        .subscribe(&[config.input_topic()])
+        .map_err(|error| CosmosWriterError::Broker(format!("subscribe {}: {error}", config.input_topic())))?;
     let watermarks: Arc<BaseConsumer> = Arc::new(config.kafka.watermark_client("cosmos-writer")?);
     let dlq = producer(&config)?;
     let committed: Committed = Arc::default();
 
     let status = WriterStatus {
         instance: config.instance.clone(),
-        topic: topics.curated.clone(),
+        topic: config.input_topic().to_owned(),
         consumer: consumer.clone(),
         watermarks,
         committed: committed.clone(),
@@ -107,7 +112,7 @@ pub async fn run(config: CosmosWriterConfig, shutdown: Shutdown) -> Result<(), C
         )
         .await?;
     stage.health.set_ready(true);
-    tracing::info!(instance = %config.instance, endpoint = %config.cosmos.endpoint, "cosmos-writer running");
+    tracing::info!(instance = %config.instance, input = ?config.input, topic = config.input_topic(), group = %config.group.id, endpoint = %config.cosmos.endpoint, "cosmos-writer running");
 
     let paused = stage.controls.pause_flag();
     let result = Loop {

@@ -7,16 +7,26 @@
 //! so the usual case — the next version of a flight this instance wrote before — is a single
 //! If-Match replace without the read. A stale cache entry costs one 412 and a re-read. A flight's
 //! version 1 is created without a read (a 409 falls back to read and decide).
+//!
+//! Two writers share a flight's document (issue 19): the flight state's (`version`) and the
+//! rotation processor's predictions (fields of their own, guarded by a version field of their
+//! own, `predictionVersion`). Each guards its own version and keeps the other's fields: a state
+//! replace carries over every stored field its document does not have (read, or cached with the
+//! ETag of its own write — any other write changes the ETag, so a stale carry-over is a 412 and a
+//! re-read), and fields are set on the document read, under If-Match. Fields of a flight whose
+//! document does not exist yet wait for it (its state is written from the curated topic, upstream
+//! of the predictions) up to the writer's `document_wait`, then are refused.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use azure_core::http::Etag;
 use azure_data_cosmos::ContainerClient;
 use azure_data_cosmos::options::{ItemWriteOptions, Precondition};
 use contrail_common::metrics::MetricsRegistry;
 use prometheus::{Counter, Histogram, IntCounterVec};
+use serde_json::{Map, Value};
 
 use crate::guard::{Decision, decide};
 use crate::{CosmosStoreError, CredentialOutage, ErrorClass, backoff};
@@ -84,17 +94,87 @@ pub enum WriteError {
     Stopping,
 }
 
+/// What one guarded write puts into a flight's document.
+#[derive(Debug, Clone, Copy)]
+pub enum Change<'a> {
+    /// The flight's state: the whole document (of `version`), keeping the prediction fields.
+    State {
+        /// The state's version.
+        version: u64,
+        /// The document of the state.
+        document: &'a Value,
+    },
+    /// Fields another writer owns (a prediction's), set on the flight's existing document unless
+    /// its field `guard` holds `version` or a higher one (`fields` sets `guard` to `version`).
+    Fields {
+        /// The version of the fields.
+        version: u64,
+        /// The name of the field holding it.
+        guard: &'a str,
+        /// The fields, `guard` included.
+        fields: &'a Map<String, Value>,
+    },
+}
+
+/// A cached write: the version and ETag of this writer's last write of a flight, and the
+/// other writers' fields that write carried over.
+type Cached = (u64, Etag, Map<String, Value>);
+
+/// A stored document: its flight version, ETag and content.
+struct Stored {
+    version: u64,
+    etag: Etag,
+    document: Value,
+}
+
+/// One decision + write.
+enum Attempt {
+    Done(Outcome),
+    /// A concurrent writer won (409/412): decide again with a fresh read.
+    Again,
+    /// A prediction's flight has no document yet.
+    NoDocument,
+}
+
 /// Writes flight documents under the version guard.
 pub struct DocumentWriter {
     container: ContainerClient,
-    cache: Mutex<HashMap<String, (u64, Etag)>>,
+    cache: Mutex<HashMap<String, Cached>>,
     cache_limit: usize,
     metrics: WriteMetrics,
     outage: CredentialOutage,
+    document_wait: Duration,
 }
 
-fn version_of(document: &serde_json::Value) -> Option<u64> {
-    document.get("version").and_then(serde_json::Value::as_u64)
+fn version_of(document: &Value) -> Option<u64> {
+    document.get("version").and_then(Value::as_u64)
+}
+
+/// The fields of `stored` that `document` does not have: other writers' (system properties
+/// left out).
+fn others(stored: &Value, document: &Value) -> Map<String, Value> {
+    match stored {
+        Value::Object(map) => map
+            .iter()
+            .filter(|(name, _)| !name.starts_with('_') && document.get(name.as_str()).is_none())
+            .map(|(name, value)| (name.clone(), value.clone()))
+            .collect(),
+        _ => Map::new(),
+    }
+}
+
+/// `document` with `fields` set, without the service's system properties (`_rid`, `_etag`, …).
+fn with_fields(document: &Value, fields: &Map<String, Value>) -> Value {
+    let mut merged: Map<String, Value> = match document {
+        Value::Object(map) => map
+            .iter()
+            .filter(|(name, _)| !name.starts_with('_'))
+            .map(|(name, value)| (name.clone(), value.clone()))
+            .collect(),
+        _ => Map::new(),
+    };
+    merged.extend(fields.iter().map(|(name, value)| (name.clone(), value.clone())));
+    Value::Object(merged)
 }
 
 impl DocumentWriter {
@@ -106,7 +186,15 @@ impl DocumentWriter {
             cache: Mutex::new(HashMap::new()),
             cache_limit,
             metrics,
+            document_wait: Duration::from_secs(600),
         }
+    }
+
+    /// How long a prediction waits for its flight's document before it is refused (default 10
+    /// minutes).
+    pub fn with_document_wait(mut self, wait: Duration) -> DocumentWriter {
+        self.document_wait = wait;
+        self
     }
 
     /// Reports refused credentials through `outage` (readiness, error logs).
@@ -115,18 +203,18 @@ impl DocumentWriter {
         self
     }
 
-    fn cached(&self, key: &str) -> Option<(u64, Etag)> {
+    fn cached(&self, key: &str) -> Option<Cached> {
         self.cache.lock().ok().and_then(|cache| cache.get(key).cloned())
     }
 
-    fn remember(&self, key: &str, version: u64, etag: Option<&Etag>) {
+    fn remember(&self, key: &str, version: u64, etag: Option<&Etag>, carried: Map<String, Value>) {
         let Ok(mut cache) = self.cache.lock() else { return };
         match etag {
             Some(etag) => {
                 if cache.len() >= self.cache_limit && !cache.contains_key(key) {
                     cache.clear();
                 }
-                cache.insert(key.to_owned(), (version, etag.clone()));
+                cache.insert(key.to_owned(), (version, etag.clone(), carried));
             }
             None => {
                 cache.remove(key);
@@ -148,8 +236,8 @@ impl DocumentWriter {
         }
     }
 
-    /// The stored version and ETag of `key`, or `None` when there is no document.
-    async fn read(&self, key: &str) -> Result<Option<(u64, Etag)>, CosmosStoreError> {
+    /// The stored document of `key`, or `None` when there is none.
+    async fn read(&self, key: &str) -> Result<Option<Stored>, CosmosStoreError> {
         match self.container.read_item(key.to_owned(), key, None).await {
             Ok(response) => {
                 self.charge(response.headers());
@@ -169,7 +257,11 @@ impl DocumentWriter {
                     id: key.to_owned(),
                     message: "read returned no ETag".to_owned(),
                 })?;
-                Ok(Some((version, etag)))
+                Ok(Some(Stored {
+                    version,
+                    etag,
+                    document,
+                }))
             }
             Err(error) => {
                 let error = CosmosStoreError::service(format!("read {key}"), &error);
@@ -189,49 +281,88 @@ impl DocumentWriter {
         &self,
         key: &str,
         version: u64,
-        document: &serde_json::Value,
+        document: &Value,
+        stopping: &(dyn Fn() -> bool + Sync),
+    ) -> Result<Outcome, WriteError> {
+        self.apply(key, Change::State { version, document }, stopping)
+            .await
+    }
+
+    /// Writes `change` to flight `key`'s document under its version guard, retrying retryable
+    /// failures with backoff until `stopping` returns true.
+    pub async fn apply(
+        &self,
+        key: &str,
+        change: Change<'_>,
         stopping: &(dyn Fn() -> bool + Sync),
     ) -> Result<Outcome, WriteError> {
         let started = Instant::now();
         let mut attempt: u32 = 0;
         // A flight's first version is almost always new: try to create it without reading first
         // (one request instead of two). A 409 turns that off for the rest of this write.
-        let mut optimistic = version == 1;
+        let mut optimistic = matches!(change, Change::State { version: 1, .. });
+        let mut missing_since: Option<Instant> = None;
         let result = loop {
-            match self.attempt(key, version, document, optimistic).await {
-                Ok(Some(outcome)) => {
+            let outcome = match change {
+                Change::State { version, document } => self.attempt(key, version, document, optimistic).await,
+                Change::Fields {
+                    version,
+                    guard,
+                    fields,
+                } => self.attempt_fields(key, version, guard, fields).await,
+            };
+            let error = match outcome {
+                Ok(Attempt::Done(outcome)) => {
                     self.outage.succeeded();
                     break Ok(outcome);
                 }
                 // Lost a race (409/412): decide again right away with a fresh read.
-                Ok(None) => {
+                Ok(Attempt::Again) => {
                     self.forget(key);
                     optimistic = false;
                     continue;
                 }
-                Err(error) => {
-                    let cause = error
-                        .status()
-                        .map_or_else(|| "transport".to_owned(), |status| status.to_string());
-                    match error.class() {
-                        ErrorClass::Retry => {}
-                        ErrorClass::Unauthorized => self.outage.refused(&error),
-                        // Reads and replaces of a missing document answer `Ok`: a 404 here is a
-                        // create, so the container (or database) itself is missing — deleted,
-                        // or not created yet. An outage, not a fault of the record.
-                        ErrorClass::NotFound => self.outage.container_missing(&error),
-                        _ => break Err(WriteError::Fatal(error)),
+                Ok(Attempt::NoDocument) => {
+                    self.outage.succeeded();
+                    let since = *missing_since.get_or_insert_with(Instant::now);
+                    if since.elapsed() >= self.document_wait {
+                        break Err(WriteError::Fatal(CosmosStoreError::Document {
+                            id: key.to_owned(),
+                            message: format!(
+                                "no flight document after {} s: its state was not written (a dead \
+                                 letter of the flight states' writer?); write the prediction again \
+                                 from the dead-letter topic once it is",
+                                self.document_wait.as_secs()
+                            ),
+                        }));
                     }
-                    self.metrics.retries.with_label_values(&[&cause]).inc();
-                    if stopping() {
-                        break Err(WriteError::Stopping);
-                    }
-                    let delay = backoff(attempt);
-                    tracing::debug!(flight_key = key, %error, attempt, delay_ms = delay.as_millis() as u64, "retrying write");
-                    tokio::time::sleep(delay).await;
-                    attempt = attempt.saturating_add(1);
+                    self.metrics.retries.with_label_values(&["no_document"]).inc();
+                    None
                 }
+                Err(error) => Some(error),
+            };
+            let delay = backoff(attempt);
+            if let Some(error) = error {
+                match error.class() {
+                    ErrorClass::Retry => {}
+                    ErrorClass::Unauthorized => self.outage.refused(&error),
+                    // Reads and replaces of a missing document answer `Ok`: a 404 here is a
+                    // create, so the container (or database) itself is missing — deleted,
+                    // or not created yet. An outage, not a fault of the record.
+                    ErrorClass::NotFound => self.outage.container_missing(&error),
+                    _ => break Err(WriteError::Fatal(error)),
+                }
+                let cause = error
+                    .status()
+                    .map_or_else(|| "transport".to_owned(), |status| status.to_string());
+                self.metrics.retries.with_label_values(&[&cause]).inc();
+                tracing::debug!(flight_key = key, %error, attempt, delay_ms = delay.as_millis() as u64, "retrying write");
             }
+            if stopping() {
+                break Err(WriteError::Stopping);
+            }
+            tokio::time::sleep(delay).await;
+            attempt = attempt.saturating_add(1);
         };
         self.metrics
             .write_seconds
@@ -239,26 +370,72 @@ impl DocumentWriter {
         result
     }
 
-    /// One decision + write. `Ok(None)`: a concurrent writer won (409/412), decide again.
+    /// One decision + fields write: the fields set on the document read, under If-Match, unless
+    /// its `guard` field holds `version` or a higher one.
+    async fn attempt_fields(
+        &self,
+        key: &str,
+        version: u64,
+        guard: &str,
+        fields: &Map<String, Value>,
+    ) -> Result<Attempt, CosmosStoreError> {
+        let Some(stored) = self.read(key).await? else {
+            return Ok(Attempt::NoDocument);
+        };
+        let stored_version = stored.document.get(guard).and_then(Value::as_u64);
+        if stored_version.is_some_and(|stored| stored >= version) {
+            return Ok(Attempt::Done(Outcome::Stale));
+        }
+        let document = with_fields(&stored.document, fields);
+        let options = ItemWriteOptions::default().with_precondition(Precondition::if_match(stored.etag));
+        match self
+            .container
+            .replace_item(key.to_owned(), key, &document, Some(options))
+            .await
+        {
+            Ok(response) => {
+                self.charge(response.headers());
+                Ok(Attempt::Done(Outcome::Written))
+            }
+            Err(error) => self.lost_race(CosmosStoreError::service(format!("replace {key}"), &error)),
+        }
+    }
+
+    /// A failed replace: a 412 (or 404: deleted meanwhile) is a lost race, anything else an error.
+    fn lost_race(&self, error: CosmosStoreError) -> Result<Attempt, CosmosStoreError> {
+        match error.class() {
+            ErrorClass::PreconditionFailed | ErrorClass::NotFound => {
+                let cause = error.status().unwrap_or(412).to_string();
+                self.metrics.retries.with_label_values(&[&cause]).inc();
+                Ok(Attempt::Again)
+            }
+            _ => Err(error),
+        }
+    }
+
+    /// One decision + state write.
     async fn attempt(
         &self,
         key: &str,
         version: u64,
-        document: &serde_json::Value,
+        document: &Value,
         optimistic: bool,
-    ) -> Result<Option<Outcome>, CosmosStoreError> {
+    ) -> Result<Attempt, CosmosStoreError> {
         // The cache may only save the read before a replace (a stale entry costs a 412); a skip
         // is decided on a fresh read, never on the cache alone. `optimistic`: assume no document
         // (a create; 409 if there is one).
         let stored = match self.cached(key) {
             Some(entry) if entry.0 < version => Some(entry),
             None if optimistic => None,
-            _ => self.read(key).await?,
+            _ => self
+                .read(key)
+                .await?
+                .map(|stored| (stored.version, stored.etag, others(&stored.document, document))),
         };
-        let decision = decide(stored.as_ref().map(|(stored, _)| *stored), version);
-        tracing::debug!(flight_key = key, version, stored = ?stored.as_ref().map(|(stored, _)| *stored), ?decision, "guard");
+        let decision = decide(stored.as_ref().map(|(stored, _, _)| *stored), version);
+        tracing::debug!(flight_key = key, version, stored = ?stored.as_ref().map(|(stored, _, _)| *stored), ?decision, "guard");
         match decision {
-            Decision::SkipStale => Ok(Some(Outcome::Stale)),
+            Decision::SkipStale => Ok(Attempt::Done(Outcome::Stale)),
             Decision::Create => match self
                 .container
                 .create_item(key.to_owned(), key, document, None)
@@ -266,47 +443,72 @@ impl DocumentWriter {
             {
                 Ok(response) => {
                     self.charge(response.headers());
-                    self.remember(key, version, response.headers().etag());
-                    Ok(Some(Outcome::Written))
+                    self.remember(key, version, response.headers().etag(), Map::new());
+                    Ok(Attempt::Done(Outcome::Written))
                 }
                 Err(error) => {
                     let error = CosmosStoreError::service(format!("create {key}"), &error);
                     if error.class() == ErrorClass::Conflict {
                         self.metrics.retries.with_label_values(&["409"]).inc();
-                        Ok(None)
+                        Ok(Attempt::Again)
                     } else {
                         Err(error)
                     }
                 }
             },
             Decision::Replace => {
-                let Some((_, etag)) = stored else {
-                    return Ok(None);
+                let Some((_, etag, carried)) = stored else {
+                    return Ok(Attempt::Again);
                 };
+                // The other writers' fields stay (the ETag proves they are current).
+                let merged = (!carried.is_empty()).then(|| with_fields(document, &carried));
                 let options = ItemWriteOptions::default().with_precondition(Precondition::if_match(etag));
                 match self
                     .container
-                    .replace_item(key.to_owned(), key, document, Some(options))
+                    .replace_item(
+                        key.to_owned(),
+                        key,
+                        merged.as_ref().unwrap_or(document),
+                        Some(options),
+                    )
                     .await
                 {
                     Ok(response) => {
                         self.charge(response.headers());
-                        self.remember(key, version, response.headers().etag());
-                        Ok(Some(Outcome::Written))
+                        self.remember(key, version, response.headers().etag(), carried);
+                        Ok(Attempt::Done(Outcome::Written))
                     }
-                    Err(error) => {
-                        let error = CosmosStoreError::service(format!("replace {key}"), &error);
-                        match error.class() {
-                            ErrorClass::PreconditionFailed | ErrorClass::NotFound => {
-                                let cause = error.status().unwrap_or(412).to_string();
-                                self.metrics.retries.with_label_values(&[&cause]).inc();
-                                Ok(None)
-                            }
-                            _ => Err(error),
-                        }
-                    }
+                    Err(error) => self.lost_race(CosmosStoreError::service(format!("replace {key}"), &error)),
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_state_replace_keeps_the_other_writers_fields_and_drops_system_properties() {
+        let stored = json!({"id": "F", "version": 2, "gate": "B1", "predictedOut": "x",
+                            "predictionVersion": 5, "_etag": "\"1\"", "_ts": 9});
+        let state = json!({"id": "F", "version": 3, "gate": "B2"});
+        let carried = others(&stored, &state);
+        assert_eq!(
+            Value::Object(carried.clone()),
+            json!({"predictedOut": "x", "predictionVersion": 5})
+        );
+        assert_eq!(
+            with_fields(&state, &carried),
+            json!({"id": "F", "version": 3, "gate": "B2", "predictedOut": "x", "predictionVersion": 5})
+        );
+        let fields: Map<String, Value> =
+            serde_json::from_value(json!({"predictedOut": "y", "predictionVersion": 6})).expect("an object");
+        assert_eq!(
+            with_fields(&stored, &fields),
+            json!({"id": "F", "version": 2, "gate": "B1", "predictedOut": "y", "predictionVersion": 6})
+        );
     }
 }

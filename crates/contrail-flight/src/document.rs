@@ -3,7 +3,7 @@
 //! values are `null`, so a document always has every field.
 
 use chrono::{DateTime, SecondsFormat};
-use contrail_proto::v1::FlightState;
+use contrail_proto::v1::{FlightPrediction, FlightState};
 use serde_json::{Value, json};
 
 /// µs since the Unix epoch → RFC 3339 UTC; `null` when absent or out of range.
@@ -76,9 +76,79 @@ pub fn flight_document(state: &FlightState) -> Value {
     })
 }
 
+/// The fields the rotation processor's predictions add to a flight's document (issue 19): a
+/// second writer owns them, under its own version guard (`predictionVersion`), and the flight
+/// state's writer carries them over when it replaces the document — so neither overwrites the
+/// other's newer data.
+pub const PREDICTION_FIELDS: [&str; 6] = [
+    "predictedOut",
+    "predictedIn",
+    "knockOnFrom",
+    "knockOnDelayMinutes",
+    "predictionCancelled",
+    "predictionVersion",
+];
+
+/// The prediction fields of a flight's document from `prediction` (`knockOnFrom` is `null` when
+/// the flight's own times set its departure).
+pub fn prediction_fields(prediction: &FlightPrediction) -> serde_json::Map<String, Value> {
+    let knock_on_from = if prediction.knock_on_from.is_empty() {
+        Value::Null
+    } else {
+        Value::String(prediction.knock_on_from.clone())
+    };
+    let fields = json!({
+        "predictedOut": time(Some(prediction.predicted_out_us)),
+        "predictedIn": time(prediction.predicted_in_us),
+        "knockOnFrom": knock_on_from,
+        "knockOnDelayMinutes": prediction.delay_minutes,
+        "predictionCancelled": prediction.cancelled,
+        "predictionVersion": prediction.version,
+    });
+    match fields {
+        Value::Object(fields) => fields,
+        _ => serde_json::Map::new(),
+    }
+}
+
+/// The prediction fields `document` holds (none when no prediction was written to it).
+pub fn prediction_of(document: &Value) -> serde_json::Map<String, Value> {
+    PREDICTION_FIELDS
+        .iter()
+        .filter_map(|field| Some(((*field).to_owned(), document.get(*field)?.clone())))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn prediction_fields_are_the_listed_ones_and_read_back() {
+        let prediction = FlightPrediction {
+            flight_key: "UA1545-2013-01-01-EWR".to_owned(),
+            predicted_out_us: 1_357_027_200_000_000,
+            knock_on_from: "UA1000-2013-01-01-ORD".to_owned(),
+            delay_minutes: 25,
+            version: 7 << 32 | 2,
+            ..FlightPrediction::default()
+        };
+        let fields = prediction_fields(&prediction);
+        let mut keys: Vec<&str> = fields.keys().map(String::as_str).collect();
+        keys.sort_unstable();
+        let mut listed = PREDICTION_FIELDS.to_vec();
+        listed.sort_unstable();
+        assert_eq!(keys, listed);
+        assert_eq!(fields["predictedOut"], "2013-01-01T08:00:00.000000Z");
+        assert_eq!(fields["predictedIn"], Value::Null);
+        let mut document = flight_document(&FlightState::default());
+        assert!(prediction_of(&document).is_empty());
+        if let Value::Object(map) = &mut document {
+            map.extend(fields.clone());
+        }
+        assert_eq!(prediction_of(&document), fields);
+        assert_eq!(prediction_of(&document)["predictionVersion"], 7u64 << 32 | 2);
+    }
 
     #[test]
     fn every_contract_field_is_present_in_camel_case() {

@@ -165,6 +165,25 @@ pub fn produce_states(brokers: &str, topic: &str, states: &[FlightState]) -> Res
     Ok(())
 }
 
+/// Produces `predictions` to `topic` keyed by flight key and waits for every acknowledgement.
+pub fn produce_predictions(
+    brokers: &str,
+    topic: &str,
+    predictions: &[contrail_proto::v1::FlightPrediction],
+) -> Result<()> {
+    let producer = crate::test_producer(brokers)?;
+    for prediction in predictions {
+        crate::send_waiting(
+            &producer,
+            topic,
+            &prediction.flight_key,
+            &prediction.encode_to_vec(),
+        )?;
+    }
+    producer.flush(Duration::from_secs(60)).context("flush")?;
+    Ok(())
+}
+
 /// One document by point read (`None`: not found), system properties included.
 pub async fn point_read(
     containers: &contrail_cosmos::Containers,
