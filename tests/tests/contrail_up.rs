@@ -758,6 +758,129 @@ fn idle_platform(name: &str, token: &str) -> UpUnderTest {
     up
 }
 
+/// `contrail up --rotation` (issue 19): the knock-on delay extension runs as two more
+/// deployments — dedup-state with `processor = "rotation"` on the flight deployment's by-tail
+/// states, cosmos-writer with `input = "predictions"` — next to the five stages. Half a day of
+/// real flights later, every flight document with an aircraft and a schedule carries the prediction the
+/// independent expectation (`contrail_testkit::rotation`, written apart from the processor)
+/// computes from the documents' own flight fields, some of them knocked on by their inbound.
+#[test]
+fn contrail_up_with_the_rotation_extension_serves_every_flights_knock_on_prediction() {
+    use contrail_testkit::rotation::{expected_predictions, has_rotation};
+    const TOKEN: &str = "rotation-test-ingest-token-0123456789";
+    let dir = test_dir("contrail-up-rotation");
+    let mut up = UpUnderTest::start(&dir, &["--no-replay", "--rotation", "--ingest-token", TOKEN])
+        .expect("contrail up starts");
+    up.wait_phase(
+        "the platform to wait for producers",
+        Duration::from_secs(300),
+        |phase| phase.starts_with("idle"),
+    )
+    .expect("idle");
+    let rotation_http = format!("http://127.0.0.1:{}", 8085 + up.offset);
+    let predictions_http = format!("http://127.0.0.1:{}", 8086 + up.offset);
+    for url in [&rotation_http, &predictions_http] {
+        if let Probe::NotYet(answer) = contrail_testkit::answers_200(&format!("{url}/readyz")) {
+            panic!("{url} is not ready: {answer}\n{}", up.output_tail(30));
+        }
+    }
+    let contrail_bin = contrail_testkit::workspace_binary("contrail").expect("contrail");
+    let replayed = std::process::Command::new(&contrail_bin)
+        .args(["replay", "--url", &up.ingest_url()])
+        .args(["--from", "2013-06-10", "--to", "2013-06-10"])
+        // The day's feed up to about mid-day: the afternoon's flights still to leave, some behind
+        // their aircraft's late inbound.
+        .args(["--seed", "7", "--rate", "400", "--limit", "4500", "--quiet"])
+        .env("CONTRAIL_INGEST_TOKEN", TOKEN)
+        .output()
+        .expect("run contrail replay");
+    assert!(
+        replayed.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&replayed.stdout),
+        String::from_utf8_lossy(&replayed.stderr)
+    );
+
+    let runtime = test_runtime();
+    let containers = runtime
+        .block_on(containers_at(&up.cosmos_endpoint()))
+        .expect("containers");
+    let state_of = |document: &serde_json::Value| FlightState {
+        flight_key: document["id"].as_str().unwrap_or_default().to_owned(),
+        carrier: document["carrier"].as_str().unwrap_or_default().to_owned(),
+        status: document["status"].as_str().unwrap_or_default().to_owned(),
+        tail_number: document["tailNumber"].as_str().map(str::to_owned),
+        scheduled_out_us: micros(&document["scheduledOut"]),
+        scheduled_in_us: micros(&document["scheduledIn"]),
+        estimated_out_us: micros(&document["estimatedOut"]),
+        estimated_in_us: micros(&document["estimatedIn"]),
+        actual_out_us: micros(&document["actualOut"]),
+        actual_in_us: micros(&document["actualIn"]),
+        version: document["version"].as_u64().unwrap_or_default(),
+        ..FlightState::default()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(300);
+    let (expected, problems) = loop {
+        let documents = runtime.block_on(query_documents(&containers)).unwrap_or_default();
+        let states: Vec<FlightState> = documents.values().map(state_of).collect();
+        let expected = expected_predictions(&states);
+        let mut problems = Vec::new();
+        for (key, want) in &expected {
+            let document = &documents[key];
+            let got = (
+                micros(&document["predictedOut"]),
+                micros(&document["predictedIn"]),
+                document["knockOnFrom"].as_str().unwrap_or_default(),
+            );
+            if got != (Some(want.departure), want.arrival, want.cause.as_str()) {
+                problems.push(format!("{key}: got {got:?}, want {want:?}"));
+            }
+        }
+        let rotating = states.iter().filter(|state| has_rotation(state)).count();
+        if documents.len() > 500 && problems.is_empty() {
+            println!(
+                "{} documents, {rotating} in a rotation, {} predicted, {} knocked on by their inbound",
+                documents.len(),
+                expected.len(),
+                expected.values().filter(|want| !want.cause.is_empty()).count()
+            );
+            break (expected, problems);
+        }
+        if std::time::Instant::now() > deadline {
+            break (expected, problems);
+        }
+        std::thread::sleep(Duration::from_secs(2));
+    };
+    assert!(
+        problems.is_empty(),
+        "{} flights without the expected prediction after 300 s, e.g. {:?}\n{}",
+        problems.len(),
+        &problems[..problems.len().min(10)],
+        up.output_tail(30)
+    );
+    assert!(
+        expected.values().any(|want| !want.cause.is_empty()),
+        "a day of real rotations knocks some flight on"
+    );
+    let metric = |url: &str, name: &str| contrail_testkit::cosmos::metric_at(url, name, "");
+    assert_eq!(
+        metric(&predictions_http, "contrail_cosmos_writer_dead_letters_total"),
+        0.0
+    );
+    assert!(
+        metric(
+            &predictions_http,
+            "contrail_cosmos_writer_documents_written_total"
+        ) > 0.0
+    );
+    let status = up.interrupt(Duration::from_secs(90)).expect("stops");
+    assert!(
+        status.success(),
+        "contrail up exited with {status}:\n{}",
+        up.output()
+    );
+}
+
 /// Waits (up to 300 s) until the serving store holds, for every flight of the raw topic (a day of
 /// flights at least), the document the test's own fold of the raw topic says — and no other
 /// document.

@@ -8,12 +8,13 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use contrail_common::topology::topics;
 
 /// The development key of the local Cosmos endpoint (it accepts any well-formed key; this one is
 /// public and grants nothing anywhere else).
 pub const DEV_COSMOS_KEY: &str = "Y29udHJhaWwtZGV2LWtleQ==";
 
-pub use contrail_common::topology::{MAX_LOCAL_INSTANCES, STAGES, StageSpec};
+pub use contrail_common::topology::{MAX_LOCAL_INSTANCES, ROTATION_STAGES, STAGES, StageSpec};
 
 /// Every port of a local platform: the defaults plus an offset (so two platforms, or a test
 /// next to a developer's, can run side by side).
@@ -112,6 +113,7 @@ impl Replica {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Scale {
     counts: std::collections::BTreeMap<&'static str, u16>,
+    rotation: bool,
 }
 
 impl Scale {
@@ -119,7 +121,27 @@ impl Scale {
     pub fn new(pairs: &[(StageSpec, u16)]) -> Scale {
         Scale {
             counts: pairs.iter().map(|(stage, count)| (stage.name, *count)).collect(),
+            rotation: false,
         }
+    }
+
+    /// With the knock-on delay extension (`contrail up --rotation`): its deployments run too
+    /// ([`ROTATION_STAGES`]), the flight deployment writes its states by tail and
+    /// delta-archiver archives the predictions.
+    pub fn with_rotation(mut self, rotation: bool) -> Scale {
+        self.rotation = rotation;
+        self
+    }
+
+    /// Whether the knock-on delay extension runs.
+    pub fn rotation(&self) -> bool {
+        self.rotation
+    }
+
+    /// Every stage that runs, in pipeline order (the extension's after the five).
+    pub fn stages(&self) -> Vec<StageSpec> {
+        let extension: &[StageSpec] = if self.rotation { &ROTATION_STAGES } else { &[] };
+        STAGES.iter().chain(extension).copied().collect()
     }
 
     /// Instances of `stage`.
@@ -129,15 +151,11 @@ impl Scale {
 
     /// Every instance of every stage, in pipeline order.
     pub fn replicas(&self) -> Vec<Replica> {
-        STAGES
-            .iter()
+        self.stages()
+            .into_iter()
             .flat_map(|stage| {
-                let of = self.count(stage);
-                (0..of).map(move |index| Replica {
-                    stage: *stage,
-                    index,
-                    of,
-                })
+                let of = self.count(&stage);
+                (0..of).map(move |index| Replica { stage, index, of })
             })
             .collect()
     }
@@ -152,7 +170,13 @@ impl Scale {
                     "--scale ingest={count}: contrail up runs one ingest (the replay posts to one address); behind a load balancer ingest scales like the other stages"
                 );
             }
-            let consumer = matches!(*name, "dedup-state" | "cosmos-writer" | "delta-archiver");
+            if !self.rotation && ROTATION_STAGES.iter().any(|stage| stage.name == *name) {
+                bail!("--scale {name}={count}: {name} runs with --rotation only");
+            }
+            let consumer = matches!(
+                *name,
+                "dedup-state" | "cosmos-writer" | "delta-archiver" | "rotation" | "cosmos-predictions"
+            );
             if consumer && i32::from(*count) > partitions {
                 bail!(
                     "--scale {name}={count}: more instances than the {partitions} partitions of each topic (--partitions) — the extra ones would own nothing"
@@ -190,8 +214,14 @@ pub fn shard_dir(workdir: &Path, replica: &Replica) -> PathBuf {
 }
 
 /// The settings (`CONTRAIL_*` variables) of one instance of a stage of a local platform under
-/// `workdir`.
-pub fn stage_env(replica: &Replica, ports: Ports, workdir: &Path, partitions: i32) -> Vec<(String, String)> {
+/// `workdir`; `rotation`: the knock-on delay extension runs too.
+pub fn stage_env(
+    replica: &Replica,
+    ports: Ports,
+    workdir: &Path,
+    partitions: i32,
+    rotation: bool,
+) -> Vec<(String, String)> {
     let stage = &replica.stage;
     let dir = |name: &str| workdir.join(name).display().to_string();
     let mut env: Vec<(&str, String)> = vec![
@@ -223,8 +253,17 @@ pub fn stage_env(replica: &Replica, ports: Ports, workdir: &Path, partitions: i3
             env.push(("CONTRAIL_CURSOR_DIR", dir("cursors")));
             env.push(("CONTRAIL_TOPICS__PARTITIONS", partitions.to_string()));
         }
-        "dedup-state" => {
+        "dedup-state" | "rotation" => {
             env.extend(consumer.clone());
+            if stage.name == "rotation" {
+                // The second processor: its own input (the flight deployment's by-tail states),
+                // group, shards and checkpoints.
+                env.push(("CONTRAIL_PROCESSOR", "rotation".to_owned()));
+                env.push(("CONTRAIL_TOPICS__RAW", topics::BY_TAIL.to_owned()));
+                env.push(("CONTRAIL_GROUP__ID", "contrail-rotation".to_owned()));
+            } else if rotation {
+                env.push(("CONTRAIL_TOPICS__BY_TAIL", topics::BY_TAIL.to_owned()));
+            }
             env.push((
                 "CONTRAIL_STATE_DIR",
                 shard_dir(workdir, replica).display().to_string(),
@@ -247,13 +286,21 @@ pub fn stage_env(replica: &Replica, ports: Ports, workdir: &Path, partitions: i3
                     serde_json::to_string(&peers).unwrap_or_default(),
                 ));
             }
-            env.push(("CONTRAIL_CHECKPOINT_URL", dir("checkpoints")));
+            let checkpoints = if stage.name == "rotation" {
+                "checkpoints-rotation"
+            } else {
+                "checkpoints"
+            };
+            env.push(("CONTRAIL_CHECKPOINT_URL", dir(checkpoints)));
             env.push(("CONTRAIL_CHECKPOINT__INTERVAL_MS", "10000".to_owned()));
             env.push(("CONTRAIL_TOPICS__PARTITIONS", partitions.to_string()));
         }
-        "cosmos-writer" => {
+        "cosmos-writer" | "cosmos-predictions" => {
             env.extend(consumer.clone());
             env.extend(cosmos.clone());
+            if stage.name == "cosmos-predictions" {
+                env.push(("CONTRAIL_INPUT", "predictions".to_owned()));
+            }
             env.push(("CONTRAIL_TOPICS__PARTITIONS", partitions.to_string()));
         }
         "changefeed-sync" => {
@@ -266,6 +313,9 @@ pub fn stage_env(replica: &Replica, ports: Ports, workdir: &Path, partitions: i3
         _ => {
             env.extend(consumer);
             env.push(("CONTRAIL_DELTA_ROOT", dir("delta")));
+            if rotation {
+                env.push(("CONTRAIL_TOPICS__PREDICTIONS", topics::PREDICTIONS.to_owned()));
+            }
             // Small batches: history shows up on the board within seconds.
             env.push(("CONTRAIL_BATCH__MAX_LATENCY_MS", "2000".to_owned()));
             env.push(("CONTRAIL_TOPICS__PARTITIONS", partitions.to_string()));
@@ -615,7 +665,7 @@ mod tests {
         let dir = Path::new("/w");
         let mut seen = std::collections::BTreeSet::new();
         for replica in Scale::default().replicas() {
-            let env = stage_env(&replica, ports, dir, 4);
+            let env = stage_env(&replica, ports, dir, 4, false);
             let get = |key: &str| {
                 env.iter()
                     .find(|(name, _)| name == key)
@@ -625,7 +675,7 @@ mod tests {
             assert!(seen.insert(get("CONTRAIL_LISTEN__HTTP")));
             assert!(seen.insert(get("CONTRAIL_LISTEN__GRPC")));
         }
-        let delta = stage_env(&Scale::default().replicas()[4], ports, dir, 4);
+        let delta = stage_env(&Scale::default().replicas()[4], ports, dir, 4, false);
         assert!(delta.contains(&("CONTRAIL_DELTA_ROOT".to_owned(), "/w/delta".to_owned())));
     }
 
@@ -650,7 +700,7 @@ mod tests {
         let mut seen = std::collections::BTreeSet::new();
         let mut coordinators = 0;
         for replica in &replicas {
-            let env = stage_env(replica, ports, dir, 4);
+            let env = stage_env(replica, ports, dir, 4, false);
             let get = |key: &str| {
                 env.iter()
                     .find(|(name, _)| name == key)
@@ -670,6 +720,77 @@ mod tests {
             }
         }
         assert_eq!(coordinators, 1);
+    }
+
+    #[test]
+    fn the_rotation_extension_runs_two_more_deployments_wired_to_the_flight_deployment() {
+        let scale = Scale::default().with_rotation(true);
+        let replicas = scale.replicas();
+        let names: Vec<String> = replicas.iter().map(Replica::name).collect();
+        assert_eq!(
+            names,
+            [
+                "ingest",
+                "dedup-state",
+                "cosmos-writer",
+                "changefeed-sync",
+                "delta-archiver",
+                "rotation",
+                "cosmos-predictions"
+            ]
+        );
+        let ports = Ports { offset: 0 };
+        let dir = Path::new("/w");
+        let envs: Vec<Vec<(String, String)>> = replicas
+            .iter()
+            .map(|replica| stage_env(replica, ports, dir, 4, true))
+            .collect();
+        let get = |index: usize, key: &str| {
+            envs[index]
+                .iter()
+                .find(|(name, _)| name == key)
+                .map(|(_, value)| value.as_str())
+        };
+        let mut seen = std::collections::BTreeSet::new();
+        for (index, name) in names.iter().enumerate() {
+            for key in [
+                "CONTRAIL_LISTEN__HTTP",
+                "CONTRAIL_LISTEN__GRPC",
+                "CONTRAIL_INSTANCE",
+            ] {
+                assert!(seen.insert(get(index, key)), "{key} of {name}");
+            }
+        }
+        // The flight deployment feeds the rotation deployment, which has its own group, shards and
+        // checkpoints; the predictions reach Cosmos DB and Delta.
+        assert_eq!(get(1, "CONTRAIL_TOPICS__BY_TAIL"), Some("ops.flights.by-tail"));
+        assert_eq!(get(5, "CONTRAIL_TOPICS__RAW"), Some("ops.flights.by-tail"));
+        assert_eq!(get(5, "CONTRAIL_PROCESSOR"), Some("rotation"));
+        assert_eq!(get(5, "CONTRAIL_GROUP__ID"), Some("contrail-rotation"));
+        assert_ne!(get(5, "CONTRAIL_STATE_DIR"), get(1, "CONTRAIL_STATE_DIR"));
+        assert_ne!(
+            get(5, "CONTRAIL_CHECKPOINT_URL"),
+            get(1, "CONTRAIL_CHECKPOINT_URL")
+        );
+        assert_eq!(get(6, "CONTRAIL_INPUT"), Some("predictions"));
+        assert_eq!(
+            get(4, "CONTRAIL_TOPICS__PREDICTIONS"),
+            Some("ops.flights.predictions")
+        );
+        // Without the extension nothing of it is set.
+        let plain = stage_env(&replicas[1], ports, dir, 4, false);
+        assert!(!plain.iter().any(|(key, _)| key == "CONTRAIL_TOPICS__BY_TAIL"));
+        let error = Scale::new(&[parse_scale("rotation=2").expect("parses")])
+            .check(4)
+            .expect_err("rotation without --rotation")
+            .to_string();
+        assert!(error.contains("--rotation"), "{error}");
+        assert!(
+            Scale::new(&[parse_scale("rotation=2").expect("parses")])
+                .with_rotation(true)
+                .check(4)
+                .is_ok()
+        );
     }
 
     #[test]

@@ -5,8 +5,12 @@
 /// A stage of the pipeline and its default ports (HTTP probes and metrics, gRPC admin).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StageSpec {
-    /// Binary and stage name (also the Kafka client id prefix and the `stage` metric label).
+    /// Stage name (logs, status, `--scale`); for the five pipeline stages also their binary, the
+    /// Kafka client id prefix and the `stage` metric label.
     pub name: &'static str,
+    /// The binary it runs (a deployment of the rotation extension runs a pipeline stage's binary
+    /// with other settings).
+    pub binary: &'static str,
     /// Default HTTP port (`/healthz`, `/readyz`, `/metrics`; ingest's event API).
     pub http: u16,
     /// Default gRPC port (the admin API; ingest's event API).
@@ -16,30 +20,35 @@ pub struct StageSpec {
 /// `ingest`: HTTP/gRPC and pull sources → `ops.events.raw`.
 pub const INGEST: StageSpec = StageSpec {
     name: "ingest",
+    binary: "ingest",
     http: 8080,
     grpc: 9090,
 };
 /// `dedup-state`: dedup, ordering, the fold, timers → accepted, late, curated, alerts.
 pub const DEDUP_STATE: StageSpec = StageSpec {
     name: "dedup-state",
+    binary: "dedup-state",
     http: 8081,
     grpc: 9091,
 };
 /// `cosmos-writer`: curated states → Cosmos DB `flights`.
 pub const COSMOS_WRITER: StageSpec = StageSpec {
     name: "cosmos-writer",
+    binary: "cosmos-writer",
     http: 8082,
     grpc: 9192,
 };
 /// `changefeed-sync`: the Cosmos DB change feed → `ops.flights.changes`.
 pub const CHANGEFEED_SYNC: StageSpec = StageSpec {
     name: "changefeed-sync",
+    binary: "changefeed-sync",
     http: 8083,
     grpc: 9193,
 };
 /// `delta-archiver`: accepted, curated, late and changes → Delta Lake history.
 pub const DELTA_ARCHIVER: StageSpec = StageSpec {
     name: "delta-archiver",
+    binary: "delta-archiver",
     http: 8084,
     grpc: 9194,
 };
@@ -53,9 +62,32 @@ pub const STAGES: [StageSpec; 5] = [
     DELTA_ARCHIVER,
 ];
 
-/// The stage called `name`.
+/// The knock-on delay extension (issue 19): dedup-state with `processor = "rotation"` on the
+/// by-tail states.
+pub const ROTATION: StageSpec = StageSpec {
+    name: "rotation",
+    binary: "dedup-state",
+    http: 8085,
+    grpc: 9195,
+};
+/// The knock-on delay extension: cosmos-writer with `input = "predictions"`, setting the
+/// predictions on the flight documents.
+pub const COSMOS_PREDICTIONS: StageSpec = StageSpec {
+    name: "cosmos-predictions",
+    binary: "cosmos-writer",
+    http: 8086,
+    grpc: 9196,
+};
+
+/// The deployments of the knock-on delay extension, in pipeline order.
+pub const ROTATION_STAGES: [StageSpec; 2] = [ROTATION, COSMOS_PREDICTIONS];
+
+/// The stage called `name` (a pipeline stage or an extension's deployment).
 pub fn stage(name: &str) -> Option<StageSpec> {
-    STAGES.into_iter().find(|stage| stage.name == name)
+    STAGES
+        .into_iter()
+        .chain(ROTATION_STAGES)
+        .find(|stage| stage.name == name)
 }
 
 /// How far apart the ports of a stage's instances on one machine are (`contrail up --scale`):
@@ -111,14 +143,22 @@ mod tests {
 
     #[test]
     fn names_and_ports_are_unique() {
-        let mut names: Vec<_> = STAGES.iter().map(|stage| stage.name).collect();
-        let mut ports: Vec<_> = STAGES.iter().flat_map(|stage| [stage.http, stage.grpc]).collect();
+        let every: Vec<StageSpec> = STAGES.into_iter().chain(ROTATION_STAGES).collect();
+        let mut names: Vec<_> = every.iter().map(|stage| stage.name).collect();
+        let mut ports: Vec<_> = every.iter().flat_map(|stage| [stage.http, stage.grpc]).collect();
         names.sort_unstable();
         names.dedup();
         ports.sort_unstable();
         ports.dedup();
-        assert_eq!(names.len(), STAGES.len());
-        assert_eq!(ports.len(), 2 * STAGES.len());
+        assert_eq!(names.len(), every.len());
+        assert_eq!(ports.len(), 2 * every.len());
+        assert!(STAGES.iter().all(|stage| stage.binary == stage.name));
+        assert!(
+            ROTATION_STAGES
+                .iter()
+                .all(|extension| stage(extension.binary).is_some())
+        );
+        assert_eq!(stage("rotation"), Some(ROTATION));
         let mut topics = topics::ALL.to_vec();
         topics.sort_unstable();
         topics.dedup();
@@ -131,7 +171,7 @@ mod tests {
     fn every_instance_of_every_stage_has_ports_of_its_own() {
         // The broker (9092), the Cosmos endpoint (8900) and the board (8000) of `contrail up` too.
         let mut ports = vec![9092, 8900, 8000];
-        for stage in &STAGES {
+        for stage in STAGES.iter().chain(&ROTATION_STAGES) {
             for index in 0..MAX_LOCAL_INSTANCES {
                 ports.extend([stage.http_of(index), stage.grpc_of(index)]);
             }

@@ -74,6 +74,14 @@ pub struct UpArgs {
     /// the checkpoints, changefeed-sync instances share the change feed's leases. ingest runs once.
     #[arg(long, value_name = "STAGE=N", value_delimiter = ',', value_parser = crate::platform::parse_scale)]
     scale: Vec<(StageSpec, u16)>,
+    /// Also run the knock-on delay extension (the second processor): dedup-state with
+    /// `processor = "rotation"` (`rotation`, ports 8085/9195) predicting each flight's departure
+    /// from its aircraft's inbound flight, and cosmos-writer with `input = "predictions"`
+    /// (`cosmos-predictions`, 8086/9196) setting `predictedOut`/`knockOnFrom` on the flight
+    /// documents; the flight deployment writes its states by tail, delta-archiver archives the
+    /// predictions (Delta table `predictions`), the board shows them.
+    #[arg(long)]
+    rotation: bool,
     /// Kill a stage with SIGKILL every `--chaos-interval-s` and restart it (every stage in turn,
     /// in a seeded random order), until the replay is done and every stage was killed
     /// `--chaos-min-kills` times.
@@ -178,7 +186,7 @@ pub async fn run(mut args: UpArgs) -> Result<()> {
             args.chaos_broker_restarts
         );
     }
-    let scale = Scale::new(&args.scale);
+    let scale = Scale::new(&args.scale).with_rotation(args.rotation);
     scale.check(args.partitions)?;
     workdir::prepare_workdir(&workdir)?;
     // The board listens first, so "is it up?" has an answer at once (its data routes answer 503

@@ -133,7 +133,7 @@ pub(super) async fn start_platform(
             )
         })?;
 
-    set_phase(meta, "starting: topics, containers and the five stages").await;
+    set_phase(meta, "starting: topics, containers and the stages").await;
     let kafka = contrail_common::kafka::KafkaConfig {
         brokers: format!("127.0.0.1:{}", ports.broker()),
         ..contrail_common::kafka::KafkaConfig::default()
@@ -151,7 +151,7 @@ pub(super) async fn start_platform(
     let mut stages = Vec::new();
     for replica in &replicas {
         let stage = &replica.stage;
-        let mut env = stage_env(replica, ports, workdir, args.partitions);
+        let mut env = stage_env(replica, ports, workdir, args.partitions, scale.rotation());
         env.push(("RUST_LOG".to_owned(), "info".to_owned()));
         env.extend(otlp_env(args));
         if stage.name == "ingest" {
@@ -163,7 +163,7 @@ pub(super) async fn start_platform(
             ));
             env.push(("CONTRAIL_ADMIN_AUTH__TOKENS".to_owned(), "[]".to_owned()));
         }
-        let binary = sibling_binary(stage.name)?;
+        let binary = sibling_binary(stage.binary)?;
         let name = replica.name();
         stages.push(Managed::spawn(
             &name,

@@ -6,7 +6,7 @@ use std::path::Path;
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 
-use crate::platform::{Ports, STAGES, Scale};
+use crate::platform::{Ports, Scale};
 
 /// Marks a directory `contrail up` made, so it only ever empties its own.
 const WORKDIR_MARKER: &str = ".contrail-up";
@@ -64,7 +64,8 @@ pub(super) fn write_secret(path: &Path, secret: &str) -> Result<()> {
 
 pub(super) fn write_endpoints(workdir: &Path, ports: Ports, scale: &Scale) -> Result<()> {
     let replicas = scale.replicas();
-    let stages: serde_json::Map<String, Value> = STAGES
+    let stages: serde_json::Map<String, Value> = scale
+        .stages()
         .iter()
         .map(|stage| {
             let instances: Vec<Value> = replicas
