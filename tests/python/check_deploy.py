@@ -2,7 +2,7 @@
 
 Usage: check_deploy.py REPO_ROOT  →  JSON on stdout:
   {"problems": [...], "env": {stage: {"KEY": "value" | null}}, "binaries": [...], "targets": [...],
-   "rendered": {values_file: object_count}}
+   "rendered": {values_file: object_count}, "runs": {stage: binary}}
 
 - docker-compose.yml, Chart.yaml and the values files parse as YAML; compose publishes no host
   port twice;
@@ -34,6 +34,9 @@ import sys
 import yaml
 
 STAGES = ["ingest", "dedup-state", "cosmos-writer", "changefeed-sync", "delta-archiver"]
+# Deployments of the knock-on delay extension: a stage's binary with other settings.
+EXTENSIONS = {"rotation": "dedup-state", "cosmos-predictions": "cosmos-writer"}
+COMPONENTS = STAGES + list(EXTENSIONS)
 # The oldest Kubernetes minor we support (AKS long-term support line) and the newest schema here.
 KUBERNETES_VERSIONS = ["1.30.0", "1.37.0"]
 VALUES_FILES = ["values.yaml", "values-production.yaml", "ci/everything-values.yaml", "ci/no-auth-values.yaml"]
@@ -109,7 +112,7 @@ def main() -> None:
                     continue
                 for stage, settings in (tree.get("stages") or {}).items():
                     only_stateful = path.split(".")[0] in ("checkpoints", "persistence")
-                    if only_stateful and stage != "dedup-state":
+                    if only_stateful and settings.get("binary") != "dedup-state":
                         continue
                     # Read only inside `if $stage.autoscaling.enabled`.
                     hpa_off = not (settings.get("autoscaling") or {}).get("enabled")
@@ -135,14 +138,17 @@ def main() -> None:
         check_objects(objects, values_file, values, problems)
         for stage, stage_env in workload_env(objects).items():
             for key, value in stage_env.items():
-                env[stage].setdefault(key, value)
+                env.setdefault(stage, {}).setdefault(key, value)
     for overrides, expected in REFUSED:
         refused(chart_dir, overrides, expected, problems)
     for name, tree in values.items():
         for stage, settings in (tree.get("stages") or {}).items():
-            if stage not in env:
+            if stage not in COMPONENTS:
                 problems.append(f"{name}: unknown stage {stage}")
                 continue
+            wanted_binary = EXTENSIONS.get(stage, stage)
+            if name in COMPLETE_VALUES and settings.get("binary") != wanted_binary:
+                problems.append(f"{name}: stages.{stage}.binary is {settings.get('binary')!r}, not {wanted_binary!r}")
             if name == "values-production.yaml" and set(settings) != set(values["values.yaml"]["stages"][stage]):
                 missing = set(values["values.yaml"]["stages"][stage]) - set(settings)
                 if missing:
@@ -178,7 +184,7 @@ def main() -> None:
         problems.append(".dockerignore is missing")
 
     print(json.dumps({"problems": problems, "env": env, "binaries": binaries, "targets": targets,
-                      "rendered": rendered_counts}))
+                      "rendered": rendered_counts, "runs": {c: EXTENSIONS.get(c, c) for c in env}}))
 
 
 # Features that must not reach a production binary, as `cargo tree -e features` prints them.
@@ -336,7 +342,7 @@ def container_env(container: dict) -> dict[str, str | None]:
 def workload_env(objects: list[dict]) -> dict[str, dict[str, str | None]]:
     env: dict[str, dict[str, str | None]] = {}
     for _, component, spec in pod_specs(objects):
-        if component not in STAGES:
+        if component not in COMPONENTS:
             continue
         container = spec["containers"][0]
         stage_env = container_env(container)
@@ -384,7 +390,7 @@ def check_objects(objects: list[dict], values_file: str, values: dict, problems:
                     problems.append(f"{where} {name} reads Secret {ref['name']}, which is not the chart's")
                 if ref and "tokens" in ref["key"]:
                     problems.append(f"{where} {name} puts a whole token file ({ref['key']}) into {item['name']}")
-            if component in STAGES and auth_on:
+            if component in COMPONENTS and auth_on:
                 files = {env.get("CONTRAIL_AUTH__TOKENS_FILE"), env.get("CONTRAIL_ADMIN_AUTH__TOKENS_FILE")}
                 wanted = ({"/etc/contrail/auth/ingest-tokens", "/etc/contrail/auth/admin-tokens"}
                           if component == "ingest" else {"/etc/contrail/auth/admin-tokens", None})
@@ -394,9 +400,9 @@ def check_objects(objects: list[dict], values_file: str, values: dict, problems:
                          for item in (volume.get("secret") or {}).get("items") or []}
                 if component != "ingest" and "ingest-tokens" in items:
                     problems.append(f"{where} {name} mounts the producers' tokens")
-            if component in STAGES and not auth_on and env.get("CONTRAIL_AUTH__DISABLED") != "true":
+            if component in COMPONENTS and not auth_on and env.get("CONTRAIL_AUTH__DISABLED") != "true":
                 problems.append(f"{where} {name}: auth.enabled=false must say CONTRAIL_AUTH__DISABLED=true")
-        if component in STAGES and (values.get(values_file, {}).get("networkPolicy") or {}).get("enabled", True):
+        if component in COMPONENTS and (values.get(values_file, {}).get("networkPolicy") or {}).get("enabled", True):
             selected = [p for p in policies
                         if p["spec"]["podSelector"]["matchLabels"].get("app.kubernetes.io/component") == component]
             if not selected:

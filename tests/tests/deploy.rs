@@ -21,6 +21,7 @@ struct Report {
     binaries: Vec<String>,
     targets: Vec<String>,
     rendered: BTreeMap<String, usize>,
+    runs: BTreeMap<String, String>,
 }
 
 fn repo_root() -> PathBuf {
@@ -100,16 +101,24 @@ fn copy_tree(from: &Path, to: &Path) {
 fn compose_chart_and_dockerfile_use_only_settings_and_binaries_that_exist() {
     let report = check(&repo_root());
     assert!(report.problems.is_empty(), "{:#?}", report.problems);
-    assert_eq!(report.env.len(), 5, "{:?}", report.env.keys());
+    // The five stages and the knock-on delay extension's two deployments.
+    assert_eq!(report.env.len(), 7, "{:?}", report.env.keys());
+    assert_eq!(report.runs["rotation"], "dedup-state");
+    assert_eq!(report.runs["cosmos-predictions"], "cosmos-writer");
     // helm rendered every values file into the objects of five stages (and more).
     for (values, objects) in &report.rendered {
         assert!(*objects >= 20, "{values} rendered {objects} objects");
     }
     assert_eq!(report.rendered.len(), 4, "{:?}", report.rendered);
     for (stage, env) in &report.env {
-        assert!(env.contains_key("CONTRAIL_KAFKA__BROKERS"), "{stage}: {env:?}");
+        // The extension is off in values.yaml and docker-compose.yml: it is seen with Event Hubs.
+        assert!(
+            env.contains_key("CONTRAIL_KAFKA__BROKERS")
+                || env.contains_key("CONTRAIL_KAFKA__EVENT_HUBS_CONNECTION_STRING"),
+            "{stage}: {env:?}"
+        );
         assert!(env.contains_key("CONTRAIL_AUTH__TOKENS_FILE"), "{stage}: {env:?}");
-        let effective = print_config(stage, env).unwrap_or_else(|error| {
+        let effective = print_config(&report.runs[stage], env).unwrap_or_else(|error| {
             panic!("{stage} refuses the settings the deployment files give it: {error}")
         });
         // The secrets the chart passes are never printed.
@@ -119,6 +128,29 @@ fn compose_chart_and_dockerfile_use_only_settings_and_binaries_that_exist() {
         );
     }
     assert!(report.env["dedup-state"].contains_key("CONTRAIL_CHECKPOINT__PEERS"));
+    // With the extension on, the flight deployment feeds it and delta-archiver archives it.
+    let setting = |stage: &str, key: &str| report.env[stage].get(key).cloned().flatten();
+    assert_eq!(
+        setting("dedup-state", "CONTRAIL_TOPICS__BY_TAIL").as_deref(),
+        Some("ops.flights.by-tail")
+    );
+    assert_eq!(
+        setting("rotation", "CONTRAIL_TOPICS__RAW").as_deref(),
+        Some("ops.flights.by-tail")
+    );
+    assert_eq!(
+        setting("rotation", "CONTRAIL_PROCESSOR").as_deref(),
+        Some("rotation")
+    );
+    assert!(report.env["rotation"].contains_key("CONTRAIL_CHECKPOINT__PEERS"));
+    assert_eq!(
+        setting("cosmos-predictions", "CONTRAIL_INPUT").as_deref(),
+        Some("predictions")
+    );
+    assert_eq!(
+        setting("delta-archiver", "CONTRAIL_TOPICS__PREDICTIONS").as_deref(),
+        Some("ops.flights.predictions")
+    );
     assert!(
         !report.env["ingest"].contains_key("CONTRAIL_COSMOS__KEY"),
         "only the Cosmos stages get the key"
