@@ -639,12 +639,130 @@ fn the_serving_store_is_rebuilt_from_history_while_the_feed_goes_on() {
         "nothing was dead-lettered"
     );
     the_replaced_containers_changes_reach_history(&up);
+    the_history_reprocessed_by_a_fresh_deployment_gives_the_served_states(&up);
     let status = up.interrupt(Duration::from_secs(90)).expect("stops");
     assert!(
         status.success(),
         "contrail up exited with {status}:\n{}",
         up.output()
     );
+}
+
+/// `contrail backfill reprocess`: the history's accepted events (every one since June 8) produced
+/// to a topic of their own and processed by a fresh dedup-state deployment (its own state, group
+/// and outputs) give every flight the state the platform serves — the same version, status,
+/// actual times and gate as its Cosmos DB document — with nothing late and nothing twice.
+fn the_history_reprocessed_by_a_fresh_deployment_gives_the_served_states(up: &UpUnderTest) {
+    use contrail_testkit::dedup::{DedupOptions, DedupTopics, start_dedup_state};
+    use rdkafka::Message as _;
+    let topics = DedupTopics::unique();
+    let contrail_bin = contrail_testkit::workspace_binary("contrail").expect("contrail");
+    let output = std::process::Command::new(&contrail_bin)
+        .args([
+            "backfill",
+            "reprocess",
+            "--from-delta",
+            &up.delta_root().display().to_string(),
+        ])
+        .args([
+            "--from",
+            "2013-06-08",
+            "--to-topic",
+            &topics.raw,
+            "--brokers",
+            &up.brokers(),
+            "--quiet",
+        ])
+        .output()
+        .expect("run contrail backfill reprocess");
+    let printed = String::from_utf8_lossy(&output.stdout).into_owned();
+    println!("contrail backfill reprocess printed:\n{printed}");
+    assert!(
+        output.status.success(),
+        "{printed}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let produced: usize = printed
+        .split(' ')
+        .next()
+        .and_then(|count| count.parse().ok())
+        .unwrap_or_else(|| panic!("no count of events in {printed:?}"));
+    let refused = std::process::Command::new(&contrail_bin)
+        .args([
+            "backfill",
+            "reprocess",
+            "--from-delta",
+            &up.delta_root().display().to_string(),
+        ])
+        .args([
+            "--from",
+            "2013-06-08",
+            "--to-topic",
+            "ops.events.raw",
+            "--brokers",
+            &up.brokers(),
+        ])
+        .output()
+        .expect("run contrail backfill reprocess");
+    assert!(!refused.status.success(), "the live raw topic is refused");
+
+    let dir = test_dir("contrail-up-reprocess");
+    let group = contrail_testkit::unique("reprocess");
+    let mut fresh = start_dedup_state(DedupOptions::single(&up.brokers(), &topics, &group, &dir))
+        .expect("a fresh dedup-state deployment");
+    let curated = read_topic(&up.brokers(), &topics.curated, produced, Duration::from_secs(180))
+        .expect("every reprocessed event accepted once");
+    let late = read_topic(&up.brokers(), &topics.late, 0, Duration::from_secs(2)).unwrap_or_default();
+    assert!(late.is_empty(), "{} reprocessed events late", late.len());
+    let mut newest: BTreeMap<String, FlightState> = BTreeMap::new();
+    for message in &curated {
+        let state = FlightState::decode(message.payload().unwrap_or_default()).expect("a FlightState");
+        if newest
+            .get(&state.flight_key)
+            .is_none_or(|kept| kept.version < state.version)
+        {
+            newest.insert(state.flight_key.clone(), state);
+        }
+    }
+    let runtime = test_runtime();
+    let documents = runtime
+        .block_on(async { query_documents(&containers_at(&up.cosmos_endpoint()).await?).await })
+        .expect("the served documents");
+    let mut problems = Vec::new();
+    for (key, document) in &documents {
+        let Some(state) = newest.get(key) else {
+            problems.push(format!("{key}: served, not reprocessed"));
+            continue;
+        };
+        let served = essentials_of(document);
+        let reprocessed = Essentials {
+            status: state.status.clone(),
+            actual: [
+                state.actual_out_us,
+                state.actual_off_us,
+                state.actual_on_us,
+                state.actual_in_us,
+            ],
+            gate: state.gate.clone(),
+            version: state.version,
+        };
+        if served != reprocessed {
+            problems.push(format!("{key}: served {served:?}, reprocessed {reprocessed:?}"));
+        }
+    }
+    println!(
+        "reprocessed {produced} events: {} flights, {} served documents, {} differences",
+        newest.len(),
+        documents.len(),
+        problems.len()
+    );
+    assert!(
+        problems.is_empty() && newest.len() == documents.len(),
+        "{} differences, e.g. {:?}",
+        problems.len(),
+        &problems[..problems.len().min(10)]
+    );
+    fresh.process.terminate(Duration::from_secs(30)).expect("stops");
 }
 
 /// After the `flights` container was deleted and created again: changefeed-sync read the new

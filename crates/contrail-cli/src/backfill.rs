@@ -50,6 +50,14 @@ enum BackfillCommand {
     /// Example, after the `flights` container of a `contrail up` platform was deleted:
     /// `contrail backfill serving --from-delta contrail-up/delta`
     Serving(ServingArgs),
+    /// Replay the history's accepted events of a time range (the Delta `events` table) into a
+    /// topic of their own, in event-time order, for a fresh dedup-state deployment (its own
+    /// state, checkpoints, group and outputs) — to apply changed rules or a new processor to the
+    /// past. Not the live raw topic: the running deployment holds these events already.
+    ///
+    /// Example: `contrail backfill reprocess --from-delta contrail-up/delta --from 2013-01-10
+    /// --to 2013-01-12 --to-topic ops.events.reprocess`
+    Reprocess(crate::reprocess::ReprocessArgs),
 }
 
 /// Options of `contrail backfill serving`.
@@ -105,6 +113,7 @@ fn parse_date(text: &str) -> Result<NaiveDate, String> {
 pub async fn run(args: BackfillArgs) -> Result<()> {
     match args.command {
         BackfillCommand::Serving(args) => serving(args).await,
+        BackfillCommand::Reprocess(args) => crate::reprocess::run(args).await,
     }
 }
 

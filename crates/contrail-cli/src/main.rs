@@ -18,6 +18,7 @@ mod flights;
 mod input;
 mod platform;
 mod replay;
+mod reprocess;
 mod store;
 mod up;
 

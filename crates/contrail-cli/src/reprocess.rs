@@ -1,0 +1,274 @@
+//! `contrail backfill reprocess`: the accepted events of a time range, from the history (the Delta
+//! `events` table), produced again — in event-time order, keyed by flight key, as the raw topic
+//! holds them — to a topic of their own, for a **fresh** dedup-state deployment to process.
+//!
+//! Why a fresh state and not the running deployment's (and not merely a new consumer group on the
+//! raw topic): the running deployment's state already holds these events — their ids are in its
+//! dedup entries (so they would be dropped as duplicates) and its flights' watermarks are past
+//! them (so they would be late) — and the raw topic keeps only its retention, while the history
+//! keeps every accepted event. Reprocessing is for changed rules or a new processor: a second
+//! deployment (its own `state_dir`, checkpoints and consumer group) reads this topic and writes
+//! its own output topics, which a second cosmos-writer can serve from another container. Events
+//! are produced in (event time, event id) order, so the fresh deployment's watermarks advance as
+//! they did for the live feed and nothing is late that was not late then. Running the command
+//! twice is harmless: the receiving deployment drops the copies by event id.
+
+use std::collections::BTreeSet;
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use chrono::{DateTime, NaiveDate, Utc};
+use clap::Args;
+use contrail_history::Table;
+use contrail_history::arrow::array::{Array, BinaryArray};
+use contrail_history::reader::scan;
+use contrail_proto::v1::OperationalEvent;
+use futures::StreamExt as _;
+use futures::stream::FuturesUnordered;
+use indicatif::{ProgressBar, ProgressStyle};
+use prost::Message as _;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+
+/// Options of `contrail backfill reprocess`.
+#[derive(Args, Debug)]
+pub struct ReprocessArgs {
+    /// Delta root of the history (a local path or an `abfss://` / `az://` URL), e.g. the `delta`
+    /// directory of a `contrail up` working directory.
+    #[arg(long, value_name = "ROOT")]
+    from_delta: String,
+    /// Start of the range: events whose event time is at or after it (RFC 3339, e.g.
+    /// `2013-06-10T00:00:00Z`, or a date `2013-06-10` = its midnight UTC).
+    #[arg(long, value_name = "TIMESTAMP", value_parser = parse_instant)]
+    from: DateTime<Utc>,
+    /// End of the range (exclusive), same forms. Default: every later event.
+    #[arg(long, value_name = "TIMESTAMP", value_parser = parse_instant)]
+    to: Option<DateTime<Utc>>,
+    /// The topic to produce to (created when missing): the input (`topics.raw`) of the fresh
+    /// deployment. Never the live raw topic: its deployment would drop every event as a copy.
+    #[arg(long, value_name = "TOPIC")]
+    to_topic: String,
+    /// Partitions of the topic when it is created.
+    #[arg(long, default_value_t = 4)]
+    partitions: i32,
+    /// Port offset of a `contrail up --port-offset N` platform (its broker is the default).
+    #[arg(long, default_value_t = 0, env = "CONTRAIL_PORT_OFFSET")]
+    port_offset: u16,
+    #[command(flatten)]
+    kafka: crate::args::KafkaArgs,
+    /// No progress bar (the summary is still printed).
+    #[arg(long)]
+    quiet: bool,
+}
+
+/// An RFC 3339 instant, or a date meaning its midnight UTC.
+fn parse_instant(text: &str) -> Result<DateTime<Utc>, String> {
+    if let Ok(instant) = DateTime::parse_from_rfc3339(text) {
+        return Ok(instant.with_timezone(&Utc));
+    }
+    NaiveDate::parse_from_str(text, "%Y-%m-%d")
+        .ok()
+        .and_then(|date| date.and_hms_opt(0, 0, 0))
+        .map(|midnight| midnight.and_utc())
+        .ok_or_else(|| {
+            format!("{text:?} is neither an RFC 3339 time (2013-06-10T06:00:00Z) nor a date (2013-06-10)")
+        })
+}
+
+/// The events to produce, in the order to produce them: event time, then event id (the order
+/// the fold sorts by), each flight's events once.
+fn in_replay_order(mut events: Vec<(i64, String, String, Vec<u8>)>) -> Vec<(i64, String, String, Vec<u8>)> {
+    events.sort_by(|a, b| (a.0, &a.2, &a.1).cmp(&(b.0, &b.2, &b.1)));
+    events.dedup_by(|a, b| a.1 == b.1 && a.2 == b.2);
+    events
+}
+
+/// Runs `contrail backfill reprocess`.
+pub async fn run(args: ReprocessArgs) -> Result<()> {
+    let started = Instant::now();
+    let kafka = args.kafka.config(args.port_offset);
+    let live = contrail_common::topology::topics::RAW;
+    if args.to_topic == live {
+        bail!(
+            "--to-topic {live}: the live deployment would drop every event as a copy (their ids are in its state); produce to a topic of the fresh deployment's, e.g. ops.events.reprocess"
+        );
+    }
+    let (from_us, to_us) = (
+        args.from.timestamp_micros(),
+        args.to.map_or(i64::MAX, |to| to.timestamp_micros()),
+    );
+    if to_us <= from_us {
+        bail!(
+            "--to {} is not after --from {}",
+            args.to.map(|t| t.to_rfc3339()).unwrap_or_default(),
+            args.from.to_rfc3339()
+        );
+    }
+
+    let read = scan(
+        &args.from_delta,
+        &HashMap::new(),
+        Table::Events,
+        None,
+        &["record"],
+    )
+    .await
+    .with_context(|| format!("reading events under {}", args.from_delta))?;
+    if read.version.is_none() {
+        bail!(
+            "there is no events table under {:?} (is it the Delta root delta-archiver writes to?)",
+            args.from_delta
+        );
+    }
+    let mut selected = Vec::new();
+    let mut undecodable = 0usize;
+    for batch in read.batches() {
+        let records = batch
+            .column_by_name("record")
+            .and_then(|column| column.as_any().downcast_ref::<BinaryArray>())
+            .context("events has no binary column `record`")?;
+        for row in 0..records.len() {
+            if records.is_null(row) {
+                undecodable += 1;
+                continue;
+            }
+            let bytes = records.value(row);
+            let Ok(event) = OperationalEvent::decode(bytes) else {
+                undecodable += 1;
+                continue;
+            };
+            if (from_us..to_us).contains(&event.event_time_us) {
+                selected.push((
+                    event.event_time_us,
+                    event.flight_key,
+                    event.event_id,
+                    bytes.to_vec(),
+                ));
+            }
+        }
+    }
+    if undecodable > 0 {
+        bail!(
+            "{undecodable} rows of the events table hold no decodable event: the history is damaged, nothing was produced"
+        );
+    }
+    let events = in_replay_order(selected);
+    let flights: BTreeSet<&str> = events.iter().map(|(_, key, _, _)| key.as_str()).collect();
+    let flights = flights.len();
+
+    contrail_common::kafka::create_topics(
+        &kafka,
+        "contrail-backfill",
+        &[args.to_topic.as_str()],
+        args.partitions,
+    )
+    .await
+    .with_context(|| format!("creating {}", args.to_topic))?;
+    let producer: FutureProducer = kafka
+        .producer_config("contrail-backfill")?
+        .create()
+        .context("creating the producer")?;
+    let bar = if args.quiet {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new(events.len() as u64)
+    };
+    bar.set_style(
+        ProgressStyle::with_template("{bar:40} {pos}/{len} events produced {per_sec} eta {eta}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    // Sends in order, at most this many awaiting their acknowledgement (the idempotent producer
+    // keeps each partition's order).
+    const IN_FLIGHT: usize = 10_000;
+    let mut pending = FuturesUnordered::new();
+    let mut failed = 0usize;
+    let mut first_error = None;
+    for (_, key, _, payload) in &events {
+        if pending.len() >= IN_FLIGHT
+            && let Some(result) = pending.next().await
+        {
+            note(result, &mut failed, &mut first_error, &bar);
+        }
+        pending.push(
+            producer.send(
+                FutureRecord::to(&args.to_topic)
+                    .key(key.as_str())
+                    .payload(payload.as_slice()),
+                Duration::from_secs(300),
+            ),
+        );
+    }
+    while let Some(result) = pending.next().await {
+        note(result, &mut failed, &mut first_error, &bar);
+    }
+    bar.finish_and_clear();
+    if let Some(error) = first_error {
+        bail!(
+            "{failed} of {} events were not acknowledged by the broker (first: {error}); run the command again — the receiving deployment drops the copies by event id",
+            events.len()
+        );
+    }
+    println!(
+        "{} accepted events of {flights} flights (event time {} … {}) produced to {} in {:.1} s, in event-time order",
+        events.len(),
+        args.from.to_rfc3339(),
+        args.to.map_or_else(|| "the end".to_owned(), |to| to.to_rfc3339()),
+        args.to_topic,
+        started.elapsed().as_secs_f64()
+    );
+    println!(
+        "next: a fresh dedup-state deployment reads it (CONTRAIL_TOPICS__RAW={}, its own CONTRAIL_GROUP__ID, CONTRAIL_STATE_DIR and CONTRAIL_CHECKPOINT_URL, and its own output topics)",
+        args.to_topic
+    );
+    Ok(())
+}
+
+type Sent = Result<
+    rdkafka::producer::future_producer::Delivery,
+    (rdkafka::error::KafkaError, rdkafka::message::OwnedMessage),
+>;
+
+fn note(result: Sent, failed: &mut usize, first_error: &mut Option<String>, bar: &ProgressBar) {
+    match result {
+        Ok(_) => bar.inc(1),
+        Err((error, _)) => {
+            *failed += 1;
+            first_error.get_or_insert_with(|| error.to_string());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn instants_are_rfc_3339_or_a_dates_midnight() {
+        assert_eq!(
+            parse_instant("2013-06-10").expect("a date"),
+            parse_instant("2013-06-10T00:00:00Z").expect("an instant")
+        );
+        assert_eq!(
+            parse_instant("2013-06-10T02:00:00+02:00")
+                .expect("an offset")
+                .timestamp(),
+            parse_instant("2013-06-10").expect("a date").timestamp()
+        );
+        let error = parse_instant("10.6.2013").expect_err("neither");
+        assert!(error.contains("10.6.2013"), "{error}");
+    }
+
+    #[test]
+    fn events_go_out_in_event_time_order_each_once() {
+        let event = |time: i64, key: &str, id: &str| (time, key.to_owned(), id.to_owned(), vec![]);
+        let ordered = in_replay_order(vec![
+            event(30, "B", "b2"),
+            event(10, "A", "a1"),
+            event(20, "B", "b1"),
+            event(10, "A", "a1"),
+            event(10, "C", "c0"),
+        ]);
+        let ids: Vec<&str> = ordered.iter().map(|(_, _, id, _)| id.as_str()).collect();
+        assert_eq!(ids, ["a1", "c0", "b1", "b2"]);
+    }
+}
