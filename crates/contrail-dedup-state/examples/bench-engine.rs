@@ -17,6 +17,11 @@
 //!
 //! Baseline, same run, same shards and batches: decode each event and put its payload under its
 //! key, one write batch per micro-batch — the I/O floor of a stage that keeps one value per event.
+//!
+//! Then the second processor (issue 19): the flight processor's curated states re-keyed by tail
+//! number, as the flight deployment's `topics.by_tail` sends them, through the rotation processor
+//! on `--shards` fresh shards (by tail) — its CPU per state next to the flight processor's per
+//! event, with its own baseline (decode each state and put it under its tail).
 #![allow(unsafe_code)] // a counting global allocator (forwards to mimalloc).
 
 use std::alloc::{GlobalAlloc, Layout};
@@ -24,10 +29,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use clap::Parser;
+use contrail_dedup_state::config::RotationConfig;
 use contrail_dedup_state::config::TopicsConfig;
 use contrail_dedup_state::processor::FlightProcessor;
+use contrail_dedup_state::rotation::RotationProcessor;
 use contrail_flight::flight::Rules;
-use contrail_proto::v1::OperationalEvent;
+use contrail_proto::v1::{FlightState, OperationalEvent};
 use contrail_state::{EngineConfig, InputRecord, Shard};
 use prost::Message;
 
@@ -92,22 +99,25 @@ fn input_records(inputs: &[Input]) -> Vec<InputRecord<'_>> {
         .collect()
 }
 
-/// Runs every batch of `shard` (fresh, under `dir`) in order; returns the digest of its outputs
-/// and their number.
-fn run_shard(dir: &std::path::Path, shard: usize, inputs: &[Input], batch: usize) -> (u64, usize) {
-    let rules = Rules::default();
+/// Runs every batch of `inputs` through `processor` on a fresh shard at `path`, in order; returns
+/// the digest of the outputs and their number.
+fn run_shard(
+    path: &std::path::Path,
+    shard: usize,
+    inputs: &[Input],
+    batch: usize,
+    processor: &mut FlightProcessor,
+) -> (u64, usize) {
     let engine = EngineConfig {
-        allowed_lateness_us: rules.allowed_lateness_us,
+        allowed_lateness_us: Rules::default().allowed_lateness_us,
     };
-    let mut state =
-        Shard::open(&dir.join(format!("threaded-shard-{shard}")), shard as i32).expect("open shard");
-    let mut processor = FlightProcessor::new(rules, TopicsConfig::default(), shard as i32, None, 1_000_000);
+    let mut state = Shard::open(path, shard as i32).expect("open shard");
     let mut digest = 0xcbf2_9ce4_8422_2325_u64;
     let mut outputs = 0;
     for chunk in inputs.chunks(batch) {
         let records = input_records(chunk);
         let result = state
-            .process_batch(&records, &mut processor, &engine, 0)
+            .process_batch(&records, processor, &engine, 0)
             .expect("process batch");
         let sequences: Vec<u64> = result.outputs.iter().map(|(sequence, _)| *sequence).collect();
         for (_, output) in &result.outputs {
@@ -119,6 +129,16 @@ fn run_shard(dir: &std::path::Path, shard: usize, inputs: &[Input], batch: usize
         state.acknowledge(&sequences).expect("acknowledge");
     }
     (digest, outputs)
+}
+
+fn flight_processor(shard: usize) -> FlightProcessor {
+    FlightProcessor::new(
+        Rules::default(),
+        TopicsConfig::default(),
+        shard as i32,
+        None,
+        1_000_000,
+    )
 }
 
 /// CPU time of the calling thread, ns.
@@ -294,9 +314,7 @@ fn main() {
     let mut shards: Vec<Shard> = (0..args.shards)
         .map(|shard| Shard::open(&dir.join(format!("shard-{shard}")), shard as i32).expect("open shard"))
         .collect();
-    let mut processors: Vec<FlightProcessor> = (0..args.shards)
-        .map(|shard| FlightProcessor::new(rules, TopicsConfig::default(), shard as i32, None, 1_000_000))
-        .collect();
+    let mut processors: Vec<FlightProcessor> = (0..args.shards).map(flight_processor).collect();
     let mut digest = 0xcbf2_9ce4_8422_2325_u64;
     let mut shard_digests = vec![0xcbf2_9ce4_8422_2325_u64; args.shards];
     let mut by_topic: std::collections::BTreeMap<String, usize> = Default::default();
@@ -336,7 +354,12 @@ fn main() {
                 scope.spawn(move || {
                     (thread..inputs.len())
                         .step_by(threads)
-                        .map(|shard| (shard, run_shard(dir, shard, &inputs[shard], args.batch)))
+                        .map(|shard| {
+                            let path = dir.join(format!("threaded-shard-{shard}"));
+                            let mut processor = flight_processor(shard);
+                            let result = run_shard(&path, shard, &inputs[shard], args.batch, &mut processor);
+                            (shard, result)
+                        })
                         .collect::<Vec<_>>()
                 })
             })
@@ -349,6 +372,105 @@ fn main() {
     });
     let threaded_seconds = started.elapsed().as_secs_f64();
     let threaded_cpu_ns = process_cpu_ns() - process_before;
+
+    // The second processor: the curated states (from an untimed pass of the flight processor),
+    // keyed by tail as `topics.by_tail` sends them, spread over the shards by tail.
+    let mut by_tail: Vec<Vec<Input>> = (0..args.shards).map(|_| Vec::new()).collect();
+    {
+        let mut sources: Vec<Shard> = (0..args.shards)
+            .map(|shard| {
+                Shard::open(&dir.join(format!("by-tail-source-{shard}")), shard as i32).expect("open shard")
+            })
+            .collect();
+        let mut processors: Vec<FlightProcessor> = (0..args.shards).map(flight_processor).collect();
+        // In the order the flight deployment emits them (its shards' batches interleaved).
+        for (shard, range) in &order {
+            let records = input_records(&inputs[*shard][range.clone()]);
+            let result = sources[*shard]
+                .process_batch(&records, &mut processors[*shard], &engine, 0)
+                .expect("process batch");
+            let sequences: Vec<u64> = result.outputs.iter().map(|(sequence, _)| *sequence).collect();
+            for (_, output) in &result.outputs {
+                if output.topic != TopicsConfig::default().curated {
+                    continue;
+                }
+                let Ok(state) = FlightState::decode(output.payload.as_slice()) else {
+                    continue;
+                };
+                if !contrail_flight::rotation::in_rotation(&state) {
+                    continue;
+                }
+                let tail = state.tail_number.unwrap_or_default();
+                let mut hash = 0xcbf2_9ce4_8422_2325;
+                fnv1a(&mut hash, tail.as_bytes());
+                let target = &mut by_tail[(hash % args.shards as u64) as usize];
+                let offset = target.len() as i64;
+                target.push(Input {
+                    key: tail.into_bytes(),
+                    payload: output.payload.clone(),
+                    offset,
+                });
+            }
+            sources[*shard].acknowledge(&sequences).expect("acknowledge");
+        }
+    }
+    let states: usize = by_tail.iter().map(Vec::len).sum();
+    let tail_order = batches(&by_tail, args.batch);
+    let mut stores: Vec<rocksdb::DB> = (0..args.shards)
+        .map(|shard| {
+            rocksdb::DB::open_default(dir.join(format!("tail-baseline-{shard}"))).expect("open baseline")
+        })
+        .collect();
+    let tail_baseline = measure(|| {
+        for (shard, range) in &tail_order {
+            let mut batch = rocksdb::WriteBatch::default();
+            for input in &by_tail[*shard][range.clone()] {
+                let state = FlightState::decode(input.payload.as_slice()).expect("decode");
+                batch.put(&input.key, state.encode_to_vec());
+            }
+            stores[*shard].write(batch).expect("write");
+        }
+    });
+    stores.clear();
+    let rules = RotationConfig::default().rules();
+    let mut predictions = 0;
+    let mut alerts = 0;
+    let mut rotation_shards: Vec<Shard> = (0..args.shards)
+        .map(|shard| Shard::open(&dir.join(format!("rotation-{shard}")), shard as i32).expect("open shard"))
+        .collect();
+    let mut rotation_processors: Vec<RotationProcessor> = (0..args.shards)
+        .map(|shard| {
+            RotationProcessor::new(
+                rules.clone(),
+                TopicsConfig::default(),
+                shard as i32,
+                None,
+                1_000_000,
+            )
+        })
+        .collect();
+    let predictions_topic = TopicsConfig::default().predictions;
+    let rotation = measure(|| {
+        for (shard, range) in &tail_order {
+            let records = input_records(&by_tail[*shard][range.clone()]);
+            let result = rotation_shards[*shard]
+                .process_batch(&records, &mut rotation_processors[*shard], &engine, 0)
+                .expect("process batch");
+            let mut sequences = Vec::with_capacity(result.outputs.len());
+            for (sequence, output) in &result.outputs {
+                if output.topic == predictions_topic {
+                    predictions += 1;
+                } else {
+                    alerts += 1;
+                }
+                sequences.push(*sequence);
+            }
+            rotation_shards[*shard]
+                .acknowledge(&sequences)
+                .expect("acknowledge");
+        }
+    });
+    drop(rotation_shards);
     let _ = std::fs::remove_dir_all(&dir);
 
     report(
@@ -381,5 +503,19 @@ fn main() {
     assert!(
         same,
         "the threaded phase's outputs differ from the one-thread phase's"
+    );
+    println!(
+        "second processor: {states} curated states of flights with a tail and a schedule, keyed by tail, over {} shards",
+        args.shards
+    );
+    report(
+        "baseline: decode + put per state, batch commit",
+        states,
+        &tail_baseline,
+    );
+    report("engine + rotation processor", states, &rotation);
+    println!(
+        "rotation / baseline: {:.0} % of the baseline's states/s; {predictions} predictions, {alerts} alert records",
+        (tail_baseline.seconds / rotation.seconds) * 100.0
     );
 }
