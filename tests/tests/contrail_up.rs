@@ -887,8 +887,20 @@ fn contrail_up_with_the_rotation_extension_serves_every_flights_knock_on_predict
     use contrail_testkit::rotation::{expected_predictions, has_rotation};
     const TOKEN: &str = "rotation-test-ingest-token-0123456789";
     let dir = test_dir("contrail-up-rotation");
-    let mut up = UpUnderTest::start(&dir, &["--no-replay", "--rotation", "--ingest-token", TOKEN])
-        .expect("contrail up starts");
+    let mut up = UpUnderTest::start(
+        &dir,
+        &[
+            "--no-replay",
+            "--rotation",
+            "--ingest-token",
+            TOKEN,
+            "--from",
+            "2013-06-10",
+            "--to",
+            "2013-06-10",
+        ],
+    )
+    .expect("contrail up starts");
     up.wait_phase(
         "the platform to wait for producers",
         Duration::from_secs(300),
@@ -980,6 +992,62 @@ fn contrail_up_with_the_rotation_extension_serves_every_flights_knock_on_predict
         expected.values().any(|want| !want.cause.is_empty()),
         "a day of real rotations knocks some flight on"
     );
+    // The board: a knocked-on flight's row shows its predicted departure and the inbound flight
+    // (the departures of its airport on its date, found by its number), its detail both fields.
+    let (key, want) = expected
+        .iter()
+        .find(|(_, want)| !want.cause.is_empty())
+        .expect("a knocked-on flight");
+    let number = key.split('-').next().unwrap_or_default().to_owned();
+    let origin = key.rsplit('-').next().unwrap_or_default().to_owned();
+    let inbound = want.cause.split('-').next().unwrap_or_default().to_owned();
+    let browser = Browser::start(&dir.join("browser")).expect("headless chromium");
+    browser.goto(&up.board_url()).expect("open the board");
+    let shown: String = browser
+        .wait_for(
+            "the knocked-on flight's row to show its prediction",
+            Duration::from_secs(60),
+            |browser| {
+                browser.execute::<bool>(
+                    "document.getElementById('airport').value = arguments[0];\
+                     document.getElementById('date').value = '2013-06-10';\
+                     document.getElementById('search').value = arguments[1]; refresh(); return true",
+                    vec![origin.clone().into(), number.clone().into()],
+                )?;
+                let cells: Vec<String> = browser.execute(
+                    "return [...document.querySelectorAll('#board tbody tr[data-key]')]\
+                       .filter(r => r.dataset.key === arguments[0])\
+                       .map(r => r.querySelector('td.expected').innerText)",
+                    vec![key.clone().into()],
+                )?;
+                Ok(match cells.first() {
+                    Some(text) if text.contains("pred") && text.contains(&inbound) => {
+                        Probe::Ready(text.clone())
+                    }
+                    other => Probe::NotYet(format!("{key}'s cell: {other:?}")),
+                })
+            },
+        )
+        .expect("the prediction on the board");
+    browser
+        .click(&format!("#board tbody tr[data-key='{key}']"))
+        .expect("open the flight's detail");
+    let detail: String = browser
+        .wait_for(
+            "the detail to name the inbound",
+            Duration::from_secs(30),
+            |browser| {
+                let text = browser.texts("#detail-fields")?.join(" ");
+                Ok(if text.contains(&want.cause) {
+                    Probe::Ready(text)
+                } else {
+                    Probe::NotYet(text)
+                })
+            },
+        )
+        .expect("the detail");
+    assert!(detail.contains("Predicted out"), "{detail}");
+    println!("{key} on the board: {shown:?}");
     let metric = |url: &str, name: &str| contrail_testkit::cosmos::metric_at(url, name, "");
     assert_eq!(
         metric(&predictions_http, "contrail_cosmos_writer_dead_letters_total"),
