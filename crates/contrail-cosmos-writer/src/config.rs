@@ -120,9 +120,6 @@ pub struct BatchConfig {
     pub concurrency: usize,
     /// Flights whose last written version and ETag are remembered (saves the read before a replace).
     pub etag_cache_entries: usize,
-    /// How long a prediction waits for its flight's document (written by the flight states'
-    /// deployment) before it goes to the dead-letter topic, s.
-    pub document_wait_seconds: u64,
 }
 
 impl Default for BatchConfig {
@@ -132,7 +129,6 @@ impl Default for BatchConfig {
             commit_interval_ms: 100,
             concurrency: 32,
             etag_cache_entries: 200_000,
-            document_wait_seconds: 600,
         }
     }
 }

@@ -200,18 +200,7 @@ impl Loop<'_> {
         }
         let state = FlightState::decode(payload)
             .map_err(|error| format!("not a contrail.v1.FlightState: {error}"))?;
-        if state.flight_key.is_empty() {
-            return Err("FlightState without flight_key".to_owned());
-        }
-        if state.flight_key != key {
-            return Err(format!(
-                "record key {key:?} is not the state's flight key {:?}",
-                state.flight_key
-            ));
-        }
-        if state.version == 0 {
-            return Err(format!("FlightState {} has version 0", state.flight_key));
-        }
+        identity("FlightState", &state.flight_key, &key, state.version)?;
         let document = flight_document(&state);
         Ok((state.flight_key, state.version, Item::Document(document)))
     }
@@ -321,25 +310,33 @@ fn write_span(write: &Write<Carried>) -> tracing::Span {
     }
 }
 
+/// Why a decoded `kind` of flight `flight_key` at `version` under record key `key` cannot be
+/// written, if it cannot: no flight key, another flight's key, or version 0 (the guard's "none").
+fn identity(kind: &str, flight_key: &str, key: &str, version: u64) -> Result<(), String> {
+    if flight_key.is_empty() {
+        return Err(format!("{kind} without flight_key"));
+    }
+    if flight_key != key {
+        return Err(format!(
+            "record key {key:?} is not the {kind}'s flight key {flight_key:?}"
+        ));
+    }
+    if version == 0 {
+        return Err(format!("{kind} {flight_key} has version 0"));
+    }
+    Ok(())
+}
+
 /// A predictions record as `(flight key, version, fields)`, or why it is not a prediction.
 fn decode_prediction(key: &str, payload: &[u8]) -> Result<(String, u64, Item), String> {
     let prediction = FlightPrediction::decode(payload)
         .map_err(|error| format!("not a contrail.v1.FlightPrediction: {error}"))?;
-    if prediction.flight_key.is_empty() {
-        return Err("FlightPrediction without flight_key".to_owned());
-    }
-    if prediction.flight_key != key {
-        return Err(format!(
-            "record key {key:?} is not the prediction's flight key {:?}",
-            prediction.flight_key
-        ));
-    }
-    if prediction.version == 0 {
-        return Err(format!(
-            "FlightPrediction {} has version 0",
-            prediction.flight_key
-        ));
-    }
+    identity(
+        "FlightPrediction",
+        &prediction.flight_key,
+        key,
+        prediction.version,
+    )?;
     let fields = prediction_fields(&prediction);
     Ok((
         prediction.flight_key,

@@ -76,8 +76,7 @@ pub async fn run(config: CosmosWriterConfig, shutdown: Shutdown) -> Result<(), C
         .with_outage(contrail_cosmos::CredentialOutage::with_health(
             "writes",
             stage.health.clone(),
-        ))
-        .with_document_wait(std::time::Duration::from_secs(config.batch.document_wait_seconds)),
+        )),
     );
     let consumer: Arc<StreamConsumer> = Arc::new(
         config

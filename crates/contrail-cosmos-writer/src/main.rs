@@ -14,6 +14,11 @@ use contrail_cosmos_writer::CosmosWriterConfig;
 /// batch.commit_interval_ms) only up to its first record Cosmos DB has not acknowledged; 429/503/408
 /// are retried; undecodable records go to the dead-letter topic.
 ///
+/// With input = "predictions" (CONTRAIL_INPUT=predictions) a second deployment sets the rotation
+/// processor's predictions (ops.flights.predictions) on the same documents — predictedOut,
+/// knockOnFrom, … under their own guard predictionVersion — in the consumer group
+/// contrail-cosmos-predictions unless group.id is set (--print-config shows the configured one).
+///
 /// Configuration: built-in defaults < the TOML file given with --config < CONTRAIL_* environment
 /// variables (CONTRAIL_COSMOS__ENDPOINT=https://ACCOUNT.documents.azure.com:443/,
 /// CONTRAIL_COSMOS__KEY=…, CONTRAIL_KAFKA__BROKERS=host:9092). Unknown keys are errors.

@@ -14,12 +14,14 @@
 //! replace carries over every stored field its document does not have (read, or cached with the
 //! ETag of its own write — any other write changes the ETag, so a stale carry-over is a 412 and a
 //! re-read), and fields are set on the document read, under If-Match. Fields of a flight whose
-//! document does not exist yet wait for it (its state is written from the curated topic, upstream
-//! of the predictions) up to the writer's `document_wait`, then are refused.
+//! document does not exist yet create a stub (`id`, `flightKey`, `version` 0 and the fields): the
+//! state's create then meets it (409), reads it and replaces it — version 0 is below every state —
+//! carrying the fields over. Nothing waits on the other writer, and a missing container is the
+//! same outage for both (a create answering 404).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use azure_core::http::Etag;
 use azure_data_cosmos::ContainerClient;
@@ -132,8 +134,6 @@ enum Attempt {
     Done(Outcome),
     /// A concurrent writer won (409/412): decide again with a fresh read.
     Again,
-    /// A prediction's flight has no document yet.
-    NoDocument,
 }
 
 /// Writes flight documents under the version guard.
@@ -143,7 +143,6 @@ pub struct DocumentWriter {
     cache_limit: usize,
     metrics: WriteMetrics,
     outage: CredentialOutage,
-    document_wait: Duration,
 }
 
 fn version_of(document: &Value) -> Option<u64> {
@@ -186,15 +185,7 @@ impl DocumentWriter {
             cache: Mutex::new(HashMap::new()),
             cache_limit,
             metrics,
-            document_wait: Duration::from_secs(600),
         }
-    }
-
-    /// How long a prediction waits for its flight's document before it is refused (default 10
-    /// minutes).
-    pub fn with_document_wait(mut self, wait: Duration) -> DocumentWriter {
-        self.document_wait = wait;
-        self
     }
 
     /// Reports refused credentials through `outage` (readiness, error logs).
@@ -301,7 +292,6 @@ impl DocumentWriter {
         // A flight's first version is almost always new: try to create it without reading first
         // (one request instead of two). A 409 turns that off for the rest of this write.
         let mut optimistic = matches!(change, Change::State { version: 1, .. });
-        let mut missing_since: Option<Instant> = None;
         let result = loop {
             let outcome = match change {
                 Change::State { version, document } => self.attempt(key, version, document, optimistic).await,
@@ -321,23 +311,6 @@ impl DocumentWriter {
                     self.forget(key);
                     optimistic = false;
                     continue;
-                }
-                Ok(Attempt::NoDocument) => {
-                    self.outage.succeeded();
-                    let since = *missing_since.get_or_insert_with(Instant::now);
-                    if since.elapsed() >= self.document_wait {
-                        break Err(WriteError::Fatal(CosmosStoreError::Document {
-                            id: key.to_owned(),
-                            message: format!(
-                                "no flight document after {} s: its state was not written (a dead \
-                                 letter of the flight states' writer?); write the prediction again \
-                                 from the dead-letter topic once it is",
-                                self.document_wait.as_secs()
-                            ),
-                        }));
-                    }
-                    self.metrics.retries.with_label_values(&["no_document"]).inc();
-                    None
                 }
                 Err(error) => Some(error),
             };
@@ -380,7 +353,28 @@ impl DocumentWriter {
         fields: &Map<String, Value>,
     ) -> Result<Attempt, CosmosStoreError> {
         let Some(stored) = self.read(key).await? else {
-            return Ok(Attempt::NoDocument);
+            // No state yet: a stub the state's write replaces (version 0), keeping the fields.
+            let mut stub = Map::new();
+            stub.insert("id".to_owned(), Value::String(key.to_owned()));
+            stub.insert("flightKey".to_owned(), Value::String(key.to_owned()));
+            stub.insert("version".to_owned(), Value::from(0u64));
+            let stub = with_fields(&Value::Object(stub), fields);
+            return match self.container.create_item(key.to_owned(), key, &stub, None).await {
+                Ok(response) => {
+                    self.charge(response.headers());
+                    tracing::debug!(flight_key = key, "fields written into a stub document");
+                    Ok(Attempt::Done(Outcome::Written))
+                }
+                Err(error) => {
+                    let error = CosmosStoreError::service(format!("create stub {key}"), &error);
+                    if error.class() == ErrorClass::Conflict {
+                        self.metrics.retries.with_label_values(&["409"]).inc();
+                        Ok(Attempt::Again)
+                    } else {
+                        Err(error)
+                    }
+                }
+            };
         };
         let stored_version = stored.document.get(guard).and_then(Value::as_u64);
         if stored_version.is_some_and(|stored| stored >= version) {

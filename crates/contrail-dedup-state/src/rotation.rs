@@ -170,7 +170,9 @@ impl RotationProcessor {
                 "REASSIGNED",
             );
         }
-        let taken_over = rotation::in_rotation(state) && !went_to.contains('\0');
+        // A cancelled flight is predicted by no tail (the new one skips it): this one says so.
+        let taken_over =
+            rotation::in_rotation(state) && !went_to.contains('\0') && state.status != "CANCELLED";
         if !taken_over && state.status == "CANCELLED" {
             return self.cancel(context, out, emitted, state, &went_to);
         }
@@ -417,7 +419,9 @@ impl StatefulProcessor for RotationProcessor {
             else {
                 continue;
             };
-            if emitted.cancelled && emitted.tail_number == tail {
+            // Cancelled already, or predicted here before the flight left (then the tail it came
+            // back from, cancelled, said so: one tail says it, one version).
+            if emitted.cancelled || emitted.tail_number != tail {
                 continue;
             }
             self.cancel(context, &mut out, &emitted, leg, &tail);
