@@ -184,7 +184,7 @@ def main() -> None:
         problems.append(".dockerignore is missing")
 
     print(json.dumps({"problems": problems, "env": env, "binaries": binaries, "targets": targets,
-                      "rendered": rendered_counts, "runs": {c: EXTENSIONS.get(c, c) for c in env}}))
+                      "rendered": rendered_counts, "runs": RUNS}))
 
 
 # Features that must not reach a production binary, as `cargo tree -e features` prints them.
@@ -339,12 +339,17 @@ def container_env(container: dict) -> dict[str, str | None]:
     return {item["name"]: item.get("value") for item in container.get("env") or []}
 
 
+# The binary each component's workload runs, from its rendered image (`REPOSITORY/BINARY:TAG`).
+RUNS: dict[str, str] = {}
+
+
 def workload_env(objects: list[dict]) -> dict[str, dict[str, str | None]]:
     env: dict[str, dict[str, str | None]] = {}
     for _, component, spec in pod_specs(objects):
         if component not in COMPONENTS:
             continue
         container = spec["containers"][0]
+        RUNS[component] = container["image"].rsplit("/", 1)[-1].split(":")[0]
         stage_env = container_env(container)
         # dedup-state's start command exports the coordinator flag per ordinal.
         for key in re.findall(r"export (CONTRAIL_[A-Z0-9_]+)=", " ".join(container.get("args") or [])):

@@ -132,7 +132,15 @@ async fn serving(args: ServingArgs) -> Result<()> {
     }
     let started = Instant::now();
     if !args.no_wait_for_archiver {
-        wait_for_archiver(&args).await?;
+        wait_for_archiver(ArchiverWait {
+            kafka: args.kafka.config(args.port_offset),
+            delta_root: &args.from_delta,
+            table: Table::FlightStates,
+            topic: &args.curated_topic,
+            timeout_secs: args.archiver_timeout_secs,
+            quiet: args.quiet,
+        })
+        .await?;
     }
 
     // The newest version of every flight, from the history.
@@ -332,12 +340,26 @@ impl RuBudget {
 
 /// Waits until delta-archiver has archived every partition of the curated topic up to where it
 /// ends now (its `txn` versions in `flight_states`), with a progress line.
-async fn wait_for_archiver(args: &ServingArgs) -> Result<()> {
-    let kafka = args.kafka.config(args.port_offset);
-    let topic = args.curated_topic.clone();
+/// What to wait for: delta-archiver having archived `topic` into `table` under `delta_root` up to
+/// where the topic ends now.
+pub(crate) struct ArchiverWait<'a> {
+    pub(crate) kafka: contrail_common::kafka::KafkaConfig,
+    pub(crate) delta_root: &'a str,
+    pub(crate) table: Table,
+    pub(crate) topic: &'a str,
+    pub(crate) timeout_secs: u64,
+    pub(crate) quiet: bool,
+}
+
+/// Waits until delta-archiver has archived the topic up to its current end (an error after the
+/// timeout names the partitions behind).
+pub(crate) async fn wait_for_archiver(wait: ArchiverWait<'_>) -> Result<()> {
+    let kafka = wait.kafka.clone();
+    let topic = wait.topic.to_owned();
+    let table = wait.table;
     let ends = {
         let kafka = kafka.clone();
-        let topic = topic.clone();
+        let reading = topic.clone();
         tokio::task::spawn_blocking(move || -> Result<Vec<(i32, i64, i64)>> {
             let consumer: BaseConsumer = kafka
                 .client_config("contrail-backfill")?
@@ -345,11 +367,11 @@ async fn wait_for_archiver(args: &ServingArgs) -> Result<()> {
                 .set("enable.auto.commit", "false")
                 .create()
                 .with_context(|| format!("a Kafka client for {}", crate::args::describe(&kafka)))?;
-            crate::args::partition_ends(&consumer, &kafka, &topic)
+            crate::args::partition_ends(&consumer, &kafka, &reading)
         })
         .await
         .context("the broker reader stopped")?
-        .context("finding where the curated topic ends, to wait for delta-archiver (--no-wait-for-archiver reads the history as it is)")?
+        .with_context(|| format!("finding where {topic} ends, to wait for delta-archiver (--no-wait-for-archiver reads the history as it is)"))?
     };
     // Partitions holding records: the last offset each must be archived up to.
     let targets: Vec<(i32, i64)> = ends
@@ -358,27 +380,22 @@ async fn wait_for_archiver(args: &ServingArgs) -> Result<()> {
         .map(|(partition, _, high)| (*partition, high - 1))
         .collect();
     let partitions: Vec<i32> = targets.iter().map(|(partition, _)| *partition).collect();
-    let deadline = Instant::now() + Duration::from_secs(args.archiver_timeout_secs);
-    let spinner = if args.quiet {
+    let deadline = Instant::now() + Duration::from_secs(wait.timeout_secs);
+    let spinner = if wait.quiet {
         ProgressBar::hidden()
     } else {
         ProgressBar::new_spinner()
     };
     loop {
-        let archived = archived_offsets(
-            &args.from_delta,
-            &HashMap::new(),
-            Table::FlightStates,
-            &topic,
-            &partitions,
-        )
-        .await
-        .with_context(|| {
-            format!(
-                "reading flight_states' archived offsets under {}",
-                args.from_delta
-            )
-        })?;
+        let archived = archived_offsets(wait.delta_root, &HashMap::new(), table, &topic, &partitions)
+            .await
+            .with_context(|| {
+                format!(
+                    "reading {}'s archived offsets under {}",
+                    table.name(),
+                    wait.delta_root
+                )
+            })?;
         let behind: Vec<String> = targets
             .iter()
             .zip(&archived)
@@ -400,7 +417,7 @@ async fn wait_for_archiver(args: &ServingArgs) -> Result<()> {
             spinner.finish_and_clear();
             bail!(
                 "delta-archiver has not archived {topic} up to its end after {} s ({}); is it running? --no-wait-for-archiver reads the history as it is",
-                args.archiver_timeout_secs,
+                wait.timeout_secs,
                 behind.join(", ")
             );
         }

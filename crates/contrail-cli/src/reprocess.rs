@@ -1,5 +1,6 @@
-//! `contrail backfill reprocess`: the accepted events of a time range, from the history (the Delta
-//! `events` table), produced again — in event-time order, keyed by flight key, as the raw topic
+//! `contrail backfill reprocess`: the accepted events of the flights with an event in a time range
+//! (each flight whole), from the history (the Delta `events` table) — once delta-archiver has
+//! archived the accepted topic up to its current end — produced again — in event-time order, keyed by flight key, as the raw topic
 //! holds them — to a topic of their own, for a **fresh** dedup-state deployment to process.
 //!
 //! Why a fresh state and not the running deployment's (and not merely a new consumer group on the
@@ -54,6 +55,16 @@ pub struct ReprocessArgs {
     /// Port offset of a `contrail up --port-offset N` platform (its broker is the default).
     #[arg(long, default_value_t = 0, env = "CONTRAIL_PORT_OFFSET")]
     port_offset: u16,
+    /// Read the history as it is, without first waiting for delta-archiver to archive the
+    /// accepted topic up to its current end (for a history whose platform is gone).
+    #[arg(long)]
+    no_wait_for_archiver: bool,
+    /// How long to wait for delta-archiver, in seconds.
+    #[arg(long, default_value_t = 300)]
+    archiver_timeout_secs: u64,
+    /// The accepted topic delta-archiver archives into `events`.
+    #[arg(long, default_value = contrail_common::topology::topics::ACCEPTED, env = "CONTRAIL_TOPICS__ACCEPTED")]
+    accepted_topic: String,
     #[command(flatten)]
     kafka: crate::args::KafkaArgs,
     /// No progress bar (the summary is still printed).
@@ -73,6 +84,24 @@ fn parse_instant(text: &str) -> Result<DateTime<Utc>, String> {
         .ok_or_else(|| {
             format!("{text:?} is neither an RFC 3339 time (2013-06-10T06:00:00Z) nor a date (2013-06-10)")
         })
+}
+
+/// Every event of each flight that has an event in `range` (event time, µs): a flight is
+/// reprocessed whole — without its earlier events (its schedule, say) the fresh deployment would
+/// build other states and versions than the history holds.
+fn whole_flights(
+    events: Vec<(i64, String, String, Vec<u8>)>,
+    range: std::ops::Range<i64>,
+) -> Vec<(i64, String, String, Vec<u8>)> {
+    let flights: BTreeSet<String> = events
+        .iter()
+        .filter(|(time, _, _, _)| range.contains(time))
+        .map(|(_, key, _, _)| key.clone())
+        .collect();
+    events
+        .into_iter()
+        .filter(|(_, key, _, _)| flights.contains(key))
+        .collect()
 }
 
 /// The events to produce, in the order to produce them: event time, then event id (the order
@@ -105,6 +134,17 @@ pub async fn run(args: ReprocessArgs) -> Result<()> {
         );
     }
 
+    if !args.no_wait_for_archiver {
+        crate::backfill::wait_for_archiver(crate::backfill::ArchiverWait {
+            kafka: kafka.clone(),
+            delta_root: &args.from_delta,
+            table: Table::Events,
+            topic: &args.accepted_topic,
+            timeout_secs: args.archiver_timeout_secs,
+            quiet: args.quiet,
+        })
+        .await?;
+    }
     let read = scan(
         &args.from_delta,
         &HashMap::new(),
@@ -120,7 +160,7 @@ pub async fn run(args: ReprocessArgs) -> Result<()> {
             args.from_delta
         );
     }
-    let mut selected = Vec::new();
+    let mut every = Vec::new();
     let mut undecodable = 0usize;
     for batch in read.batches() {
         let records = batch
@@ -137,14 +177,12 @@ pub async fn run(args: ReprocessArgs) -> Result<()> {
                 undecodable += 1;
                 continue;
             };
-            if (from_us..to_us).contains(&event.event_time_us) {
-                selected.push((
-                    event.event_time_us,
-                    event.flight_key,
-                    event.event_id,
-                    bytes.to_vec(),
-                ));
-            }
+            every.push((
+                event.event_time_us,
+                event.flight_key,
+                event.event_id,
+                bytes.to_vec(),
+            ));
         }
     }
     if undecodable > 0 {
@@ -152,7 +190,7 @@ pub async fn run(args: ReprocessArgs) -> Result<()> {
             "{undecodable} rows of the events table hold no decodable event: the history is damaged, nothing was produced"
         );
     }
-    let events = in_replay_order(selected);
+    let events = in_replay_order(whole_flights(every, from_us..to_us));
     let flights: BTreeSet<&str> = events.iter().map(|(_, key, _, _)| key.as_str()).collect();
     let flights = flights.len();
 
@@ -209,7 +247,7 @@ pub async fn run(args: ReprocessArgs) -> Result<()> {
         );
     }
     println!(
-        "{} accepted events of {flights} flights (event time {} … {}) produced to {} in {:.1} s, in event-time order",
+        "{} accepted events of {flights} flights with an event in {} … {} (each flight whole) produced to {} in {:.1} s, in event-time order",
         events.len(),
         args.from.to_rfc3339(),
         args.to.map_or_else(|| "the end".to_owned(), |to| to.to_rfc3339()),
@@ -256,6 +294,20 @@ mod tests {
         );
         let error = parse_instant("10.6.2013").expect_err("neither");
         assert!(error.contains("10.6.2013"), "{error}");
+    }
+
+    #[test]
+    fn a_flight_with_an_event_in_the_range_goes_out_whole() {
+        let event = |time: i64, key: &str| (time, key.to_owned(), format!("{key}{time}"), vec![]);
+        let chosen = whole_flights(
+            vec![event(5, "A"), event(15, "A"), event(6, "B"), event(25, "C")],
+            10..20,
+        );
+        let times: Vec<(i64, &str)> = chosen
+            .iter()
+            .map(|(time, key, _, _)| (*time, key.as_str()))
+            .collect();
+        assert_eq!(times, [(5, "A"), (15, "A")]);
     }
 
     #[test]
