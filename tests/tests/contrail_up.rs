@@ -968,7 +968,7 @@ fn contrail_up_with_the_rotation_extension_serves_every_flights_knock_on_predict
         ..FlightState::default()
     };
     let deadline = std::time::Instant::now() + Duration::from_secs(300);
-    let (expected, problems) = loop {
+    let (expected, problems, documents) = loop {
         let documents = runtime.block_on(query_documents(&containers)).unwrap_or_default();
         let states: Vec<FlightState> = documents.values().map(state_of).collect();
         let expected = expected_predictions(&states);
@@ -992,10 +992,10 @@ fn contrail_up_with_the_rotation_extension_serves_every_flights_knock_on_predict
                 expected.len(),
                 expected.values().filter(|want| !want.cause.is_empty()).count()
             );
-            break (expected, problems);
+            break (expected, problems, documents);
         }
         if std::time::Instant::now() > deadline {
-            break (expected, problems);
+            break (expected, problems, documents);
         }
         std::thread::sleep(Duration::from_secs(2));
     };
@@ -1066,6 +1066,59 @@ fn contrail_up_with_the_rotation_extension_serves_every_flights_knock_on_predict
         .expect("the detail");
     assert!(detail.contains("Predicted out"), "{detail}");
     println!("{key} on the board: {shown:?}");
+
+    // The serving store lost: `contrail backfill serving` rebuilds it from the history, the
+    // predictions included (Delta `predictions`), every flight's fields as they were.
+    let prediction_of = |document: &serde_json::Value| {
+        (
+            micros(&document["predictedOut"]),
+            document["knockOnFrom"].as_str().map(str::to_owned),
+            document["predictionVersion"].as_u64(),
+        )
+    };
+    let before: BTreeMap<&String, _> = expected
+        .keys()
+        .map(|key| (key, prediction_of(&documents[key])))
+        .collect();
+    runtime
+        .block_on(containers.flights.delete(None))
+        .expect("delete the flights container");
+    let output = std::process::Command::new(&contrail_bin)
+        .args(["backfill", "serving", "--from-delta"])
+        .arg(up.delta_root())
+        .args([
+            "--cosmos-endpoint",
+            &up.cosmos_endpoint(),
+            "--brokers",
+            &up.brokers(),
+            "--quiet",
+        ])
+        .output()
+        .expect("run contrail backfill serving");
+    let printed = String::from_utf8_lossy(&output.stdout).into_owned();
+    println!("contrail backfill serving printed:\n{printed}");
+    assert!(
+        output.status.success(),
+        "{printed}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(printed.contains("the newest predictions of"), "{printed}");
+    let rebuilt = runtime
+        .block_on(async { query_documents(&containers_at(&up.cosmos_endpoint()).await?).await })
+        .expect("the rebuilt documents");
+    let mut lost = Vec::new();
+    for (key, was) in &before {
+        let now = rebuilt.get(key.as_str()).map(prediction_of);
+        if now.as_ref() != Some(was) {
+            lost.push(format!("{key}: {was:?} → {now:?}"));
+        }
+    }
+    assert!(
+        lost.is_empty(),
+        "{} predictions not as before the rebuild, e.g. {:?}",
+        lost.len(),
+        &lost[..lost.len().min(5)]
+    );
     let metric = |url: &str, name: &str| contrail_testkit::cosmos::metric_at(url, name, "");
     assert_eq!(
         metric(&predictions_http, "contrail_cosmos_writer_dead_letters_total"),

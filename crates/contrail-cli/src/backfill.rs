@@ -23,7 +23,7 @@ use anyhow::{Context, Result, bail};
 use chrono::NaiveDate;
 use clap::{Args, Subcommand};
 use contrail_common::metrics::MetricsRegistry;
-use contrail_cosmos::writer::{DocumentWriter, Outcome, WriteError, WriteMetrics};
+use contrail_cosmos::writer::{Change, DocumentWriter, Outcome, WriteError, WriteMetrics};
 use contrail_history::Table;
 use contrail_history::arrow::array::{Array, BinaryArray};
 use contrail_history::reader::{archived_offsets, scan};
@@ -45,7 +45,9 @@ pub struct BackfillArgs {
 enum BackfillCommand {
     /// Rebuild the serving store from the history: the newest `flight_states` version of every
     /// flight (of the dates asked) written into Cosmos DB through the version guard — safe while
-    /// the platform runs, and safe to repeat. Creates the database and container when missing.
+    /// the platform runs, and safe to repeat — and, when the history has a `predictions` table
+    /// (the rotation extension), each flight's newest prediction into its fields under their own
+    /// guard. Creates the database and container when missing.
     ///
     /// Example, after the `flights` container of a `contrail up` platform was deleted:
     /// `contrail backfill serving --from-delta contrail-up/delta`
@@ -98,6 +100,10 @@ pub struct ServingArgs {
     /// The curated topic delta-archiver archives into `flight_states`.
     #[arg(long, default_value = contrail_common::topology::topics::CURATED, env = "CONTRAIL_TOPICS__CURATED")]
     curated_topic: String,
+    /// The predictions topic delta-archiver archives into `predictions` (waited for when the
+    /// history has that table).
+    #[arg(long, default_value = contrail_common::topology::topics::PREDICTIONS, env = "CONTRAIL_TOPICS__PREDICTIONS")]
+    predictions_topic: String,
     #[command(flatten)]
     kafka: crate::args::KafkaArgs,
     /// No progress bars (what was waited for and the summary are still printed).
@@ -117,10 +123,77 @@ pub async fn run(args: BackfillArgs) -> Result<()> {
     }
 }
 
+/// What a restored record is.
+#[derive(Debug, Clone, Copy)]
+enum Restore {
+    /// A `flight_states` record: the flight's document.
+    State = 0,
+    /// A `predictions` record: its fields of the document.
+    Prediction = 1,
+}
+
 /// The newest archived version of one flight.
 struct Latest {
     version: u64,
     record: Vec<u8>,
+}
+
+/// The newest archived record of every flight in `table` (of `dates`, or every date): by flight
+/// key, with the rows read and the table's version (`None`: no such table).
+async fn newest_records(
+    root: &str,
+    table: Table,
+    dates: &[NaiveDate],
+) -> Result<(HashMap<String, Latest>, usize, Option<i64>)> {
+    let mut latest: HashMap<String, Latest> = HashMap::new();
+    let mut rows = 0usize;
+    let mut table_version = None;
+    let dates: Vec<Option<NaiveDate>> = if dates.is_empty() {
+        vec![None]
+    } else {
+        dates.iter().copied().map(Some).collect()
+    };
+    for date in dates {
+        let read = scan(
+            root,
+            &HashMap::new(),
+            table,
+            date,
+            &["flight_key", "version", "record"],
+        )
+        .await
+        .with_context(|| format!("reading {} under {root}", table.name()))?;
+        if read.version.is_none() {
+            return Ok((latest, rows, None));
+        }
+        table_version = read.version;
+        rows += read.rows();
+        for batch in read.batches() {
+            let keys = strings(batch, "flight_key")?;
+            let versions = longs(batch, "version")?;
+            let records = batch
+                .column_by_name("record")
+                .and_then(|column| column.as_any().downcast_ref::<BinaryArray>())
+                .with_context(|| format!("{} has no binary column `record`", table.name()))?;
+            for (row, (key, version)) in keys.into_iter().zip(versions).enumerate() {
+                let (Some(key), Some(version)) = (key, version) else {
+                    continue;
+                };
+                let version = u64::try_from(version).unwrap_or_default();
+                let newer = latest.get(&key).is_none_or(|held| held.version < version);
+                if newer {
+                    latest.insert(
+                        key,
+                        Latest {
+                            version,
+                            record: records.value(row).to_vec(),
+                        },
+                    );
+                }
+            }
+        }
+    }
+    Ok((latest, rows, table_version))
 }
 
 async fn serving(args: ServingArgs) -> Result<()> {
@@ -141,60 +214,44 @@ async fn serving(args: ServingArgs) -> Result<()> {
             quiet: args.quiet,
         })
         .await?;
+        // The predictions too, when the history has them (a scan of no date: the table's version).
+        let never = NaiveDate::from_ymd_opt(1970, 1, 1);
+        let predictions = scan(
+            &args.from_delta,
+            &HashMap::new(),
+            Table::Predictions,
+            never,
+            &["flight_key"],
+        )
+        .await
+        .with_context(|| format!("reading predictions under {}", args.from_delta))?;
+        if predictions.version.is_some() {
+            wait_for_archiver(ArchiverWait {
+                kafka: args.kafka.config(args.port_offset),
+                delta_root: &args.from_delta,
+                table: Table::Predictions,
+                topic: &args.predictions_topic,
+                timeout_secs: args.archiver_timeout_secs,
+                quiet: args.quiet,
+            })
+            .await?;
+        }
     }
 
     // The newest version of every flight, from the history.
-    let mut latest: HashMap<String, Latest> = HashMap::new();
-    let mut rows = 0usize;
-    let mut table_version = None;
-    let dates: Vec<Option<NaiveDate>> = if args.dates.is_empty() {
-        vec![None]
-    } else {
-        args.dates.iter().copied().map(Some).collect()
-    };
-    for date in dates {
-        let read = scan(
-            &args.from_delta,
-            &HashMap::new(),
-            Table::FlightStates,
-            date,
-            &["flight_key", "version", "record"],
-        )
-        .await
-        .with_context(|| format!("reading flight_states under {}", args.from_delta))?;
-        if read.version.is_none() {
-            bail!(
-                "there is no flight_states table under {:?} (is it the Delta root delta-archiver writes to?)",
-                args.from_delta
-            );
-        }
-        table_version = read.version;
-        rows += read.rows();
-        for batch in read.batches() {
-            let keys = strings(batch, "flight_key")?;
-            let versions = longs(batch, "version")?;
-            let records = batch
-                .column_by_name("record")
-                .and_then(|column| column.as_any().downcast_ref::<BinaryArray>())
-                .context("flight_states has no binary column `record`")?;
-            for (row, (key, version)) in keys.into_iter().zip(versions).enumerate() {
-                let (Some(key), Some(version)) = (key, version) else {
-                    continue;
-                };
-                let version = u64::try_from(version).unwrap_or_default();
-                let newer = latest.get(&key).is_none_or(|held| held.version < version);
-                if newer {
-                    latest.insert(
-                        key,
-                        Latest {
-                            version,
-                            record: records.value(row).to_vec(),
-                        },
-                    );
-                }
-            }
-        }
+    let (latest, rows, table_version) =
+        newest_records(&args.from_delta, Table::FlightStates, &args.dates).await?;
+    if table_version.is_none() {
+        bail!(
+            "there is no flight_states table under {:?} (is it the Delta root delta-archiver writes to?)",
+            args.from_delta
+        );
     }
+    // And of every flight's prediction, when the history has any (the rotation extension): they
+    // were fields of the lost documents too. Written after the states (or before — into stubs —
+    // the two compose in either order).
+    let (predicted, prediction_rows, _) =
+        newest_records(&args.from_delta, Table::Predictions, &args.dates).await?;
 
     // The serving store: created where missing.
     let endpoint = args.cosmos.endpoint(args.port_offset);
@@ -220,8 +277,17 @@ async fn serving(args: ServingArgs) -> Result<()> {
         metrics.clone(),
     ));
 
-    let mut flights: Vec<(String, Latest)> = latest.into_iter().collect();
+    let mut flights: Vec<(String, Latest, Restore)> = latest
+        .into_iter()
+        .map(|(key, held)| (key, held, Restore::State))
+        .collect();
     flights.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut predictions: Vec<(String, Latest, Restore)> = predicted
+        .into_iter()
+        .map(|(key, held)| (key, held, Restore::Prediction))
+        .collect();
+    predictions.sort_by(|a, b| a.0.cmp(&b.0));
+    flights.extend(predictions);
     let progress = if args.quiet {
         ProgressBar::hidden()
     } else {
@@ -244,24 +310,43 @@ async fn serving(args: ServingArgs) -> Result<()> {
     }
     let budget = RuBudget::new(args.max_ru_per_second);
     let writing = Instant::now();
-    let mut written = 0u64;
-    let mut stale = 0u64;
+    // Per kind (states, predictions): written, already there.
+    let mut written = [0u64; 2];
+    let mut stale = [0u64; 2];
     let mut failed: Vec<String> = Vec::new();
     let mut outcomes = futures::stream::iter(flights)
-        .map(|(key, held)| {
+        .map(|(key, held, kind)| {
             let writer = writer.clone();
             let stopping = stopping.clone();
             let metrics = metrics.clone();
             let budget = &budget;
             async move {
                 budget.wait(metrics.request_units.get()).await;
-                let state = contrail_proto::v1::FlightState::decode(held.record.as_slice())
-                    .map_err(|error| format!("{key}: the archived record is not a FlightState: {error}"))?;
-                let document = contrail_flight::document::flight_document(&state);
                 let stop = move || stopping.load(Ordering::Relaxed);
-                writer
-                    .write(&key, held.version, &document, &stop)
-                    .await
+                let outcome = match kind {
+                    Restore::State => {
+                        let state = contrail_proto::v1::FlightState::decode(held.record.as_slice()).map_err(
+                            |error| format!("{key}: the archived record is not a FlightState: {error}"),
+                        )?;
+                        let document = contrail_flight::document::flight_document(&state);
+                        writer.write(&key, held.version, &document, &stop).await
+                    }
+                    Restore::Prediction => {
+                        let prediction = contrail_proto::v1::FlightPrediction::decode(held.record.as_slice())
+                            .map_err(|error| {
+                                format!("{key}: the archived record is not a FlightPrediction: {error}")
+                            })?;
+                        let fields = contrail_flight::document::prediction_fields(&prediction);
+                        let change = Change::Fields {
+                            version: held.version,
+                            guard: contrail_flight::document::PREDICTION_GUARD,
+                            fields: &fields,
+                        };
+                        writer.apply(&key, change, &stop).await
+                    }
+                };
+                outcome
+                    .map(|outcome| (kind, outcome))
                     .map_err(|error| match error {
                         WriteError::Fatal(error) => format!("{key} version {}: {error}", held.version),
                         WriteError::Stopping => format!("{key}: interrupted"),
@@ -271,8 +356,8 @@ async fn serving(args: ServingArgs) -> Result<()> {
         .buffer_unordered(usize::from(args.concurrency));
     while let Some(outcome) = outcomes.next().await {
         match outcome {
-            Ok(Outcome::Written) => written += 1,
-            Ok(Outcome::Stale) => stale += 1,
+            Ok((kind, Outcome::Written)) => written[kind as usize] += 1,
+            Ok((kind, Outcome::Stale)) => stale[kind as usize] += 1,
             Err(error) => {
                 if failed.len() < 5 {
                     progress.println(format!("failed: {error}"));
@@ -285,6 +370,8 @@ async fn serving(args: ServingArgs) -> Result<()> {
     }
     progress.finish_and_clear();
     let seconds = writing.elapsed().as_secs_f64();
+    let [written, written_predictions] = written;
+    let [stale, stale_predictions] = stale;
     let total = written + stale + failed.len() as u64;
     println!(
         "backfill serving: {total} flights from {rows} flight_states rows (Delta version {}) into container {:?}: {written} written, {stale} already at that version or newer, {} failed; {:.1} RU, {:.1} s writing ({:.0} flights/s), {:.1} s in all",
@@ -296,6 +383,12 @@ async fn serving(args: ServingArgs) -> Result<()> {
         total as f64 / seconds.max(0.001),
         started.elapsed().as_secs_f64(),
     );
+    if prediction_rows > 0 {
+        println!(
+            "backfill serving: the newest predictions of {} flights from {prediction_rows} predictions rows: {written_predictions} written, {stale_predictions} already at that version or newer",
+            written_predictions + stale_predictions
+        );
+    }
     if !failed.is_empty() {
         bail!(
             "{} flights were not written (first: {}); the rest are in place — run the backfill again once fixed",
@@ -338,8 +431,6 @@ impl RuBudget {
     }
 }
 
-/// Waits until delta-archiver has archived every partition of the curated topic up to where it
-/// ends now (its `txn` versions in `flight_states`), with a progress line.
 /// What to wait for: delta-archiver having archived `topic` into `table` under `delta_root` up to
 /// where the topic ends now.
 pub(crate) struct ArchiverWait<'a> {

@@ -12,7 +12,7 @@ use std::time::Duration;
 use contrail_common::dead_letter::Unprocessable;
 use contrail_common::shutdown::Shutdown;
 use contrail_common::trace::TraceParent;
-use contrail_flight::document::{flight_document, prediction_fields};
+use contrail_flight::document::{PREDICTION_GUARD, flight_document, prediction_fields};
 use contrail_proto::v1::{FlightPrediction, FlightState, SourcePosition};
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
@@ -51,9 +51,6 @@ enum Item {
     /// A prediction's fields of the flight's document.
     Prediction(serde_json::Map<String, serde_json::Value>),
 }
-
-/// The field guarding the prediction fields of a flight document.
-const PREDICTION_GUARD: &str = "predictionVersion";
 
 /// The loop stops consuming: the stage is stopping, or the dead-letter topic refused a record
 /// (its partition must not be committed past it; the restarted stage meets it again).

@@ -89,6 +89,9 @@ pub const PREDICTION_FIELDS: [&str; 6] = [
     "predictionVersion",
 ];
 
+/// The field guarding the prediction fields (the version of the prediction they hold).
+pub const PREDICTION_GUARD: &str = "predictionVersion";
+
 /// The prediction fields of a flight's document from `prediction` (`knockOnFrom` is `null` when
 /// the flight's own times set its departure).
 pub fn prediction_fields(prediction: &FlightPrediction) -> serde_json::Map<String, Value> {
