@@ -212,8 +212,19 @@ impl KeyContext<'_> {
 
     fn schedule_ttl(&mut self, timer_name: String, expires_at_us: Option<i64>) {
         match expires_at_us {
-            Some(expiry) => self.register_timer(&timer_name, TimeDomain::EventTime, expiry),
+            Some(expiry) => self.ensure_ttl_timer(&timer_name, expiry),
             None => self.delete_timer(&timer_name, TimeDomain::EventTime),
+        }
+    }
+
+    /// Lazy expiry: a TTL timer fires no later than its entry expires, but is not moved later each
+    /// time the entry's expiry is — a value rewritten per event would otherwise delete and put a
+    /// timer per event. When it fires, the engine reads the entry's stored expiry and either evicts
+    /// it or sets the timer again at that expiry (see [`Shard::fire_due`]).
+    fn ensure_ttl_timer(&mut self, name: &str, expires_at_us: i64) {
+        match self.current_timer(name, TimeDomain::EventTime) {
+            Some(fire_at) if fire_at <= expires_at_us => {}
+            _ => self.register_timer(name, TimeDomain::EventTime, expires_at_us),
         }
     }
 
@@ -301,7 +312,7 @@ impl KeyContext<'_> {
         self.write(cf::VALUES, storage_key, Some(Self::encode(value, expires_at_us)));
         if let Some(expiry) = expires_at_us {
             let name = format!("{TTL_TIMER_PREFIX}/m/{variable}/{}", hex(map_key));
-            self.register_timer(&name, TimeDomain::EventTime, expiry);
+            self.ensure_ttl_timer(&name, expiry);
         }
     }
 
@@ -579,8 +590,23 @@ impl Shard {
                     context.register_timer(DEDUP_TIMER, TimeDomain::EventTime, next);
                 }
             } else if let Some(rest) = timer.name.strip_prefix(TTL_TIMER_PREFIX) {
-                evict(&mut context, rest);
-                result.evicted += 1;
+                let Some(storage_key) = ttl_target(&timer.key, rest) else {
+                    continue;
+                };
+                // The entry may have been written since with a later expiry (lazy expiry): evict
+                // it only once its stored expiry has passed, else fire again then.
+                let stored = context.read(cf::VALUES, &storage_key)?;
+                match stored.as_deref().and_then(keys::decode_time) {
+                    None => {}
+                    Some(expiry) if expiry == NO_EXPIRY => {}
+                    Some(expiry) if expiry > context.watermark_us() => {
+                        context.register_timer(&timer.name, TimeDomain::EventTime, expiry);
+                    }
+                    Some(_) => {
+                        context.write(cf::VALUES, storage_key, None);
+                        result.evicted += 1;
+                    }
+                }
             } else {
                 processor.handle_timer(&mut context, &timer)?;
                 result.timers_fired += 1;
@@ -590,27 +616,23 @@ impl Shard {
     }
 }
 
-/// Removes what a TTL timer guards: `/v/{variable}`, `/m/{variable}/{hex key}`, `/l/{list}/{index}`.
-fn evict(context: &mut KeyContext<'_>, what: &str) {
-    let key = context.key.clone();
+/// The storage key a TTL timer guards: `/v/{variable}`, `/m/{variable}/{hex key}`,
+/// `/l/{list}/{index}`.
+fn ttl_target(key: &[u8], what: &str) -> Option<Vec<u8>> {
     if let Some(variable) = what.strip_prefix("/v/") {
-        context.write(cf::VALUES, keys::joined(&key, variable.as_bytes()), None);
+        Some(keys::joined(key, variable.as_bytes()))
     } else if let Some(rest) = what.strip_prefix("/m/") {
-        if let Some((variable, hex_key)) = rest.rsplit_once('/') {
-            let map_key: Vec<u8> = (0..hex_key.len() / 2)
-                .filter_map(|index| u8::from_str_radix(hex_key.get(index * 2..index * 2 + 2)?, 16).ok())
-                .collect();
-            context.write(cf::VALUES, keys::map_entry(&key, variable, &map_key), None);
-        }
-    } else if let Some(rest) = what.strip_prefix("/l/")
-        && let Some((variable, index)) = rest.rsplit_once('/')
-        && let Ok(index) = index.parse::<i64>()
-    {
-        context.write(
-            cf::VALUES,
-            keys::map_entry(&key, variable, &keys::encode_time(index)),
-            None,
-        );
+        let (variable, hex_key) = rest.rsplit_once('/')?;
+        let map_key: Vec<u8> = (0..hex_key.len() / 2)
+            .filter_map(|index| u8::from_str_radix(hex_key.get(index * 2..index * 2 + 2)?, 16).ok())
+            .collect();
+        Some(keys::map_entry(key, variable, &map_key))
+    } else if let Some(rest) = what.strip_prefix("/l/") {
+        let (variable, index) = rest.rsplit_once('/')?;
+        let index = index.parse::<i64>().ok()?;
+        Some(keys::map_entry(key, variable, &keys::encode_time(index)))
+    } else {
+        None
     }
 }
 
@@ -630,4 +652,174 @@ pub fn inspect<R>(
         key: key.to_vec(),
     };
     inspect(&context)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// Input payload: `event time, expiry` (µs; a negative expiry clears the value). Sets the
+    /// key's value `v` (the input offset) with that expiry.
+    struct Expiring;
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct Offset {
+        #[prost(int64, tag = "1")]
+        offset: i64,
+    }
+
+    impl StatefulProcessor for Expiring {
+        fn handle_record(
+            &mut self,
+            context: &mut KeyContext<'_>,
+            record: &InputRecord<'_>,
+        ) -> Result<(), StateError> {
+            let text = std::str::from_utf8(record.payload).expect("utf8");
+            let (time, expiry) = text.split_once(',').expect("comma");
+            context.observe_event_time(time.parse().expect("time"));
+            let expiry: i64 = expiry.parse().expect("expiry");
+            if expiry < 0 {
+                context.clear("v");
+            } else {
+                context.set(
+                    "v",
+                    &Offset {
+                        offset: record.offset,
+                    },
+                    Some(expiry),
+                );
+            }
+            Ok(())
+        }
+
+        fn handle_timer(&mut self, _: &mut KeyContext<'_>, _: &Timer) -> Result<(), StateError> {
+            Ok(())
+        }
+    }
+
+    const LATENESS: i64 = 10;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// Lazy expiry against a model written apart: after every batch a key's value is readable
+        /// — and physically stored — exactly when its last write set it with an expiry after the
+        /// watermark; its one TTL timer never fires after that expiry; and a value rewritten with
+        /// ever later expiries keeps its timer where it was (no timer write per rewrite).
+        #[test]
+        fn a_value_lives_until_its_last_expiry_whatever_the_rewrites(
+            batches in prop::collection::vec(
+                prop::collection::vec((0u8..3, 0i64..100, -20i64..140), 1..12),
+                1..8,
+            ),
+        ) {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let mut shard = Shard::open(&dir.path().join("s"), 0).expect("open");
+            let config = EngineConfig { allowed_lateness_us: LATENESS };
+            // The model: the last write per key (expiry, or None: cleared) and the max event time.
+            let mut last: BTreeMap<Vec<u8>, Option<i64>> = BTreeMap::new();
+            let mut max_time = i64::MIN;
+            let mut offset = 0;
+            for batch in batches {
+                let inputs: Vec<(Vec<u8>, Vec<u8>, i64)> = batch
+                    .iter()
+                    .map(|(key, time, expiry)| {
+                        offset += 1;
+                        (vec![b'a' + key], format!("{time},{expiry}").into_bytes(), offset)
+                    })
+                    .collect();
+                let records: Vec<InputRecord<'_>> = inputs
+                    .iter()
+                    .map(|(key, payload, offset)| InputRecord { key, payload, offset: *offset, trace: None })
+                    .collect();
+                shard.process_batch(&records, &mut Expiring, &config, 0).expect("batch");
+                for (key, time, expiry) in &batch {
+                    max_time = max_time.max(*time);
+                    last.insert(vec![b'a' + key], (*expiry >= 0).then_some(*expiry));
+                }
+                let watermark = max_time - LATENESS;
+                for (key, written) in &last {
+                    let live = written.is_some_and(|expiry| expiry > watermark);
+                    let readable = inspect(&shard, key, LATENESS, |context| {
+                        context.get::<Offset>("v").expect("get").is_some()
+                    });
+                    prop_assert_eq!(readable, live, "key {:?} readable", key);
+                    let stored = shard.get(cf::VALUES, &keys::joined(key, b"v")).expect("get").is_some();
+                    prop_assert_eq!(stored, live, "key {:?} stored", key);
+                    let ttl: Vec<Timer> = inspect(&shard, key, LATENESS, |context| context.timers());
+                    prop_assert_eq!(ttl.len(), usize::from(live), "key {:?}: {:?}", key, ttl);
+                    if let (Some(timer), Some(expiry)) = (ttl.first(), written) {
+                        prop_assert!(timer.fire_at_us <= *expiry && timer.fire_at_us > watermark);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn rewriting_a_value_with_a_later_expiry_leaves_its_timer_in_place() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut shard = Shard::open(&dir.path().join("s"), 0).expect("open");
+        let config = EngineConfig {
+            allowed_lateness_us: LATENESS,
+        };
+        let timers = |shard: &Shard| inspect(shard, b"k", LATENESS, |context| context.timers());
+        for (offset, payload) in [(0, "0,100"), (1, "1,200"), (2, "2,300")] {
+            let record = InputRecord {
+                key: b"k",
+                payload: payload.as_bytes(),
+                offset,
+                trace: None,
+            };
+            shard
+                .process_batch(&[record], &mut Expiring, &config, 0)
+                .expect("batch");
+        }
+        assert_eq!(
+            timers(&shard)
+                .iter()
+                .map(|timer| timer.fire_at_us)
+                .collect::<Vec<_>>(),
+            vec![100]
+        );
+        // Watermark 150 passes the timer, not the value: the timer moves to the value's expiry.
+        let record = InputRecord {
+            key: b"other",
+            payload: b"160,-1",
+            offset: 3,
+            trace: None,
+        };
+        let result = shard
+            .process_batch(&[record], &mut Expiring, &config, 0)
+            .expect("batch");
+        assert_eq!(result.evicted, 0);
+        assert_eq!(
+            timers(&shard)
+                .iter()
+                .map(|timer| timer.fire_at_us)
+                .collect::<Vec<_>>(),
+            vec![300]
+        );
+        let record = InputRecord {
+            key: b"other",
+            payload: b"310,-1",
+            offset: 4,
+            trace: None,
+        };
+        let result = shard
+            .process_batch(&[record], &mut Expiring, &config, 0)
+            .expect("batch");
+        assert_eq!(result.evicted, 1);
+        assert!(timers(&shard).is_empty());
+        assert!(
+            shard
+                .get(cf::VALUES, &keys::joined(b"k", b"v"))
+                .expect("get")
+                .is_none()
+        );
+    }
 }
