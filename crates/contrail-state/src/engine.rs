@@ -760,61 +760,43 @@ mod tests {
         }
     }
 
+    /// One record of `key` as a batch through [`Expiring`]; the batch's result.
+    fn run(shard: &mut Shard, key: &[u8], payload: &str, offset: i64) -> BatchResult {
+        let record = InputRecord {
+            key,
+            payload: payload.as_bytes(),
+            offset,
+            trace: None,
+        };
+        let config = EngineConfig {
+            allowed_lateness_us: LATENESS,
+        };
+        shard
+            .process_batch(&[record], &mut Expiring, &config, 0)
+            .expect("batch")
+    }
+
+    /// When the timers of `key` fire.
+    fn fire_times(shard: &Shard, key: &[u8]) -> Vec<i64> {
+        inspect(shard, key, LATENESS, |context| context.timers())
+            .iter()
+            .map(|timer| timer.fire_at_us)
+            .collect()
+    }
+
     #[test]
     fn rewriting_a_value_with_a_later_expiry_leaves_its_timer_in_place() {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut shard = Shard::open(&dir.path().join("s"), 0).expect("open");
-        let config = EngineConfig {
-            allowed_lateness_us: LATENESS,
-        };
-        let timers = |shard: &Shard| inspect(shard, b"k", LATENESS, |context| context.timers());
-        for (offset, payload) in [(0, "0,100"), (1, "1,200"), (2, "2,300")] {
-            let record = InputRecord {
-                key: b"k",
-                payload: payload.as_bytes(),
-                offset,
-                trace: None,
-            };
-            shard
-                .process_batch(&[record], &mut Expiring, &config, 0)
-                .expect("batch");
-        }
-        assert_eq!(
-            timers(&shard)
-                .iter()
-                .map(|timer| timer.fire_at_us)
-                .collect::<Vec<_>>(),
-            vec![100]
-        );
+        run(&mut shard, b"k", "0,100", 0);
+        run(&mut shard, b"k", "1,200", 1);
+        run(&mut shard, b"k", "2,300", 2);
+        assert_eq!(fire_times(&shard, b"k"), vec![100]);
         // Watermark 150 passes the timer, not the value: the timer moves to the value's expiry.
-        let record = InputRecord {
-            key: b"other",
-            payload: b"160,-1",
-            offset: 3,
-            trace: None,
-        };
-        let result = shard
-            .process_batch(&[record], &mut Expiring, &config, 0)
-            .expect("batch");
-        assert_eq!(result.evicted, 0);
-        assert_eq!(
-            timers(&shard)
-                .iter()
-                .map(|timer| timer.fire_at_us)
-                .collect::<Vec<_>>(),
-            vec![300]
-        );
-        let record = InputRecord {
-            key: b"other",
-            payload: b"310,-1",
-            offset: 4,
-            trace: None,
-        };
-        let result = shard
-            .process_batch(&[record], &mut Expiring, &config, 0)
-            .expect("batch");
-        assert_eq!(result.evicted, 1);
-        assert!(timers(&shard).is_empty());
+        assert_eq!(run(&mut shard, b"other", "160,-1", 3).evicted, 0);
+        assert_eq!(fire_times(&shard, b"k"), vec![300]);
+        assert_eq!(run(&mut shard, b"other", "310,-1", 4).evicted, 1);
+        assert!(fire_times(&shard, b"k").is_empty());
         assert!(
             shard
                 .get(cf::VALUES, &keys::joined(b"k", b"v"))
