@@ -29,6 +29,8 @@ pub struct DedupStateConfig {
     pub group: GroupConfig,
     /// Where the RocksDB shards live (`CONTRAIL_STATE_DIR`): one directory per input partition.
     pub state_dir: PathBuf,
+    /// RocksDB memory shared by every shard of the process.
+    pub storage: StorageConfig,
     /// The checkpoint store (`CONTRAIL_CHECKPOINT_URL`): a local directory path or `file:///path`
     /// (in Kubernetes, a mounted Azure Files volume shared by the pods), or Azure Blob / ADLS Gen2
     /// at `abfss://CONTAINER@ACCOUNT.dfs.core.windows.net/PATH`.
@@ -63,6 +65,7 @@ impl Default for DedupStateConfig {
             topics: TopicsConfig::default(),
             group: GroupConfig::with_id("contrail-dedup-state"),
             state_dir: PathBuf::from("./data/dedup-state/shards"),
+            storage: StorageConfig::default(),
             checkpoint_url: "./data/dedup-state/checkpoints".to_owned(),
             checkpoint_storage_options: std::collections::BTreeMap::new(),
             checkpoint: CheckpointConfig::default(),
@@ -238,6 +241,35 @@ impl RulesConfig {
     }
 }
 
+/// RocksDB memory the shards of one process share (docs/BENCHMARKS.md, "State bigger than
+/// memory"): RocksDB's own defaults would give each column family of each shard its own block
+/// cache and memtables, so memory would grow with the partitions a pod owns. Not bounded by it:
+/// the in-memory timer index (every committed timer; a flight has one or two).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StorageConfig {
+    /// Block cache (SST data blocks read back), MiB.
+    pub block_cache_mib: usize,
+    /// All memtables together, MiB: past 90 % of it RocksDB flushes the largest.
+    pub memtable_mib: usize,
+}
+
+impl Default for StorageConfig {
+    fn default() -> Self {
+        StorageConfig {
+            block_cache_mib: 256,
+            memtable_mib: 256,
+        }
+    }
+}
+
+impl StorageConfig {
+    /// The shared cache and memtable budget this configures.
+    pub fn memory(&self) -> contrail_state::StorageMemory {
+        contrail_state::StorageMemory::new(self.block_cache_mib << 20, self.memtable_mib << 20)
+    }
+}
+
 /// Micro-batching: a batch holds what has arrived, up to `max_records`; only an empty batch waits
 /// (at most `max_wait_ms`) for its first record. Under load batches fill from the consumer's
 /// prefetched records; at low load a record is processed as soon as it arrives.
@@ -333,6 +365,14 @@ impl DedupStateConfig {
         }
         if self.batch.max_records == 0 {
             return Err("batch.max_records = 0: must be at least 1".to_owned());
+        }
+        for (name, value) in [
+            ("storage.block_cache_mib", self.storage.block_cache_mib),
+            ("storage.memtable_mib", self.storage.memtable_mib),
+        ] {
+            if !(8..=1 << 20).contains(&value) {
+                return Err(format!("{name} = {value}: must be between 8 and 1048576 (MiB)"));
+            }
         }
         // The outputs' order and completeness rest on these producer settings (see
         // `producer_config`): they are not the operator's to change.
@@ -465,5 +505,9 @@ mod tests {
         let mut config = DedupStateConfig::default();
         config.group.assignment_strategy = "sticky".to_owned();
         assert!(config.validate().expect_err("strategy").contains("\"sticky\""));
+        let mut config = DedupStateConfig::default();
+        config.storage.memtable_mib = 0;
+        let error = config.validate().expect_err("no memtables");
+        assert!(error.contains("storage.memtable_mib = 0"), "{error}");
     }
 }

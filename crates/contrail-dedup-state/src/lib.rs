@@ -101,6 +101,7 @@ pub async fn run(config: DedupStateConfig, shutdown: Shutdown) -> Result<(), Ded
             processor: config.processor,
             turn: config.rotation.rules(),
             max_message_bytes: config.kafka.max_message_bytes(),
+            memory: config.storage.memory(),
         },
         metrics.clone(),
     )?);

@@ -85,6 +85,8 @@ pub struct Processing {
     pub turn: contrail_flight::rotation::TurnRules,
     /// The broker's message limit: every output and dead letter stays below it.
     pub max_message_bytes: usize,
+    /// RocksDB's block cache and memtable budget, shared by the shards.
+    pub memory: contrail_state::StorageMemory,
 }
 
 /// A checkpoint of one owned shard for an epoch, to take off the processing thread.
@@ -282,7 +284,7 @@ impl ShardSet {
         let dir = self.shard_dir(partition);
         let mut local_shard = None;
         let local = if dir.join("CURRENT").exists() {
-            let shard = Shard::open(&dir, partition)?;
+            let shard = Shard::open_in(&dir, partition, Some(&self.processing.memory))?;
             let next_offset = shard.progress().next_offset;
             local_shard = Some(shard);
             LocalShard::Present { next_offset }
@@ -325,7 +327,7 @@ impl ShardSet {
         };
         let shard = match local_shard {
             Some(shard) => shard,
-            None => Shard::open(&dir, partition)?,
+            None => Shard::open_in(&dir, partition, Some(&self.processing.memory))?,
         };
         let outbox = shard.outbox()?;
         let next_offset = protocol::resume_offset(shard.progress().next_offset);

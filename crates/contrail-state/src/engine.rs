@@ -15,7 +15,7 @@ use prost::Message;
 
 use crate::error::StateError;
 use crate::keys::{self, cf};
-use crate::shard::{OutboxRecord, Overlay, Shard, ShardProgress, TimeDomain, Timer, TimerSlots};
+use crate::shard::{OutboxRecord, Overlay, Shard, ShardProgress, TimeDomain, Timer, TimerEntry, TimerSlots};
 
 /// One input record.
 #[derive(Debug, Clone, Copy)]
@@ -71,15 +71,15 @@ const NO_EXPIRY: i64 = i64::MAX;
 /// Changes of a batch not yet committed.
 struct Pending {
     overlay: Overlay,
-    timers_added: BTreeSet<Timer>,
-    timers_removed: BTreeSet<Timer>,
+    timers_added: BTreeSet<TimerEntry>,
+    timers_removed: BTreeSet<TimerEntry>,
     /// Latest fire time per (key, domain, name) decided in this batch (`None`: deleted).
     timer_overrides: TimerSlots<Option<i64>>,
     outbox: Vec<OutboxRecord>,
     progress: ShardProgress,
     lateness_us: i64,
     /// Per time domain, the last committed timer the due-timer scan has passed.
-    cursors: [Option<Timer>; 2],
+    cursors: [Option<TimerEntry>; 2],
     /// The offset of the input record being handled, or of the last one handled in this batch.
     input_offset: Option<i64>,
     /// The trace context of the input record being handled (none while timers fire).
@@ -391,12 +391,7 @@ impl KeyContext<'_> {
             return;
         }
         self.delete_timer(name, domain);
-        let timer = Timer {
-            fire_at_us,
-            domain,
-            key: self.key.clone(),
-            name: name.to_owned(),
-        };
+        let timer = TimerEntry::new(fire_at_us, domain, &self.key, name);
         self.pending.timers_removed.remove(&timer);
         self.pending.timers_added.insert(timer);
         self.pending
@@ -407,12 +402,7 @@ impl KeyContext<'_> {
     /// Deletes the key's timer `name`, if any.
     pub fn delete_timer(&mut self, name: &str, domain: TimeDomain) {
         if let Some(fire_at_us) = self.current_timer(name, domain) {
-            let timer = Timer {
-                fire_at_us,
-                domain,
-                key: self.key.clone(),
-                name: name.to_owned(),
-            };
+            let timer = TimerEntry::new(fire_at_us, domain, &self.key, name);
             self.pending.timers_added.remove(&timer);
             // Also committed (it may have been re-registered at the same time in this batch):
             // the deletion must hide the committed copy too.
@@ -428,10 +418,16 @@ impl KeyContext<'_> {
         let mut timers: Vec<Timer> = self
             .shard
             .timers()
+            .of_key(&self.key)
             .iter()
-            .chain(self.pending.timers_added.iter())
-            .filter(|timer| timer.key == self.key && !self.pending.timers_removed.contains(*timer))
-            .cloned()
+            .chain(
+                self.pending
+                    .timers_added
+                    .iter()
+                    .filter(|timer| *timer.key == *self.key),
+            )
+            .filter(|timer| !self.pending.timers_removed.contains(*timer))
+            .map(TimerEntry::to_timer)
             .collect();
         timers.sort();
         timers.dedup();
@@ -522,12 +518,15 @@ impl Shard {
     /// during a batch, and every committed timer before the cursor was fired or deleted in this
     /// batch (one re-registered since is in `timers_added`). Without the cursor each call would
     /// rescan every timer fired so far in the batch — quadratic in the timers per batch.
-    fn next_due(&self, pending: &mut Pending, domain: TimeDomain, limit_us: i64) -> Option<Timer> {
+    fn next_due(&self, pending: &mut Pending, domain: TimeDomain, limit_us: i64) -> Option<TimerEntry> {
         use std::ops::Bound::{Excluded, Unbounded};
         let slot = domain as usize;
         let range = match &pending.cursors[slot] {
-            Some(cursor) => self.timers().range((Excluded(cursor.clone()), Unbounded)),
-            None => self.timers().range::<Timer, _>(..),
+            Some(cursor) => self
+                .timers()
+                .by_time()
+                .range((Excluded(cursor.clone()), Unbounded)),
+            None => self.timers().by_time().range::<TimerEntry, _>(..),
         };
         let mut committed = None;
         let mut skipped = None;
@@ -571,10 +570,10 @@ impl Shard {
             let mut context = KeyContext {
                 shard: self,
                 pending,
-                key: timer.key.clone(),
+                key: timer.key.to_vec(),
             };
             context.delete_timer(&timer.name, timer.domain);
-            if timer.name == DEDUP_TIMER {
+            if &*timer.name == DEDUP_TIMER {
                 let watermark = context.watermark_us();
                 let mut remaining_earliest = None;
                 for (id, expires_at) in context.dedup_entries()? {
@@ -608,7 +607,7 @@ impl Shard {
                     }
                 }
             } else {
-                processor.handle_timer(&mut context, &timer)?;
+                processor.handle_timer(&mut context, &timer.to_timer())?;
                 result.timers_fired += 1;
             }
         }

@@ -21,4 +21,6 @@ pub mod shard;
 
 pub use engine::{BatchResult, EngineConfig, InputRecord, KeyContext, StatefulProcessor, inspect};
 pub use error::StateError;
-pub use shard::{Checkpointer, OutboxRecord, Shard, ShardProgress, TimeDomain, Timer};
+pub use shard::{
+    Checkpointer, OutboxRecord, Shard, ShardMemory, ShardProgress, StorageMemory, TimeDomain, Timer,
+};

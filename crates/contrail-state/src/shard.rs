@@ -2,11 +2,14 @@
 //! offset and outbox. All changes of a micro-batch are committed in one `WriteBatch`.
 //!
 //! Reads during a batch see the batch's own writes (an overlay in front of RocksDB). Timers are also
-//! mirrored in memory — a `BTreeSet` ordered by time, domain, key, name to find due timers, and an
-//! index by key to find a key's timer — so timer bookkeeping costs no disk reads; both are rebuilt
-//! from the `timers_by_time` family on open (the only family timers are written to).
+//! mirrored in memory (`TimerIndex`) — a `BTreeSet` ordered by time, domain, key, name to find due
+//! timers, and an index by key to find a key's timer, sharing one copy of each key and timer name —
+//! so timer bookkeeping costs no disk reads; both are rebuilt from the `timers_by_time` family on
+//! open (the only family timers are written to). That index is the one part of a shard's state
+//! held in memory whole (≈ 190 bytes per timer); RocksDB's block cache and memtables can be bounded
+//! for all the shards of a process together ([`StorageMemory`]).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -53,7 +56,38 @@ pub struct Timer {
     pub name: String,
 }
 
-impl Timer {
+/// A timer as the engine keeps it: like [`Timer`], with the key and the name behind `Arc`s, so
+/// that the in-memory index holds one copy of a key for all its timers and one copy of each
+/// timer name. Orders exactly as [`Timer`] does (time, domain, key, name): the fire order.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) struct TimerEntry {
+    pub(crate) fire_at_us: i64,
+    pub(crate) domain: TimeDomain,
+    pub(crate) key: Arc<[u8]>,
+    pub(crate) name: Arc<str>,
+}
+
+impl TimerEntry {
+    pub(crate) fn new(fire_at_us: i64, domain: TimeDomain, key: &[u8], name: &str) -> TimerEntry {
+        TimerEntry {
+            fire_at_us,
+            domain,
+            key: Arc::from(key),
+            name: Arc::from(name),
+        }
+    }
+
+    /// The timer as the processor API shows it.
+    pub(crate) fn to_timer(&self) -> Timer {
+        Timer {
+            fire_at_us: self.fire_at_us,
+            domain: self.domain,
+            key: self.key.to_vec(),
+            name: self.name.to_string(),
+        }
+    }
+
+    /// Its key in the `timers_by_time` family: `time ∙ domain ∙ key ∙ 0x00 ∙ name`.
     fn by_time_key(&self) -> Vec<u8> {
         let mut bytes = Vec::with_capacity(8 + 1 + self.key.len() + 1 + self.name.len());
         bytes.extend_from_slice(&keys::encode_time(self.fire_at_us));
@@ -61,18 +95,215 @@ impl Timer {
         bytes.extend_from_slice(&keys::joined(&self.key, self.name.as_bytes()));
         bytes
     }
+}
 
-    fn decode_by_time(bytes: &[u8]) -> Option<Timer> {
-        let fire_at_us = keys::decode_time(bytes)?;
-        let domain = TimeDomain::from_byte(*bytes.get(8)?)?;
-        let rest = bytes.get(9..)?;
-        let separator = rest.iter().position(|byte| *byte == keys::SEPARATOR)?;
-        Some(Timer {
+/// A `timers_by_time` entry's fire time, domain, key and name (borrowed from `bytes`).
+fn decode_by_time(bytes: &[u8]) -> Option<(i64, TimeDomain, &[u8], &str)> {
+    let fire_at_us = keys::decode_time(bytes)?;
+    let domain = TimeDomain::from_byte(*bytes.get(8)?)?;
+    let rest = bytes.get(9..)?;
+    let separator = rest.iter().position(|byte| *byte == keys::SEPARATOR)?;
+    let name = std::str::from_utf8(&rest[separator + 1..]).ok()?;
+    Some((fire_at_us, domain, &rest[..separator], name))
+}
+
+/// A fast hasher for the in-memory indexes (keys and timer names): multiply–rotate over 8-byte
+/// words from a per-process random seed. SipHash (std's default) was ≈ 15 % of the time to
+/// rebuild the timer index of a shard; a seed drawn per process keeps collisions from being
+/// crafted in advance.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FastHash(u64);
+
+impl Default for FastHash {
+    fn default() -> Self {
+        static SEED: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+        FastHash(*SEED.get_or_init(|| {
+            use std::hash::BuildHasher;
+            std::collections::hash_map::RandomState::new().hash_one(0x636f_6e74_7261_696c_u64)
+        }))
+    }
+}
+
+impl std::hash::Hasher for FastHash {
+    fn write(&mut self, bytes: &[u8]) {
+        const MULTIPLIER: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut chunks = bytes.chunks_exact(8);
+        for chunk in &mut chunks {
+            let word = u64::from_le_bytes(chunk.try_into().unwrap_or([0; 8]));
+            self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(MULTIPLIER);
+        }
+        let mut tail = [0u8; 8];
+        tail[..chunks.remainder().len()].copy_from_slice(chunks.remainder());
+        self.0 =
+            (self.0.rotate_left(5) ^ u64::from_le_bytes(tail) ^ bytes.len() as u64).wrapping_mul(MULTIPLIER);
+    }
+
+    fn write_u8(&mut self, byte: u8) {
+        self.0 = (self.0.rotate_left(5) ^ u64::from(byte)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+
+    fn write_usize(&mut self, value: usize) {
+        self.0 = (self.0.rotate_left(5) ^ value as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+
+    fn finish(&self) -> u64 {
+        // Fold the high bits down: hashbrown takes its control bits from the top, its bucket
+        // from the bottom.
+        self.0 ^ (self.0 >> 29)
+    }
+}
+
+type FastHashMap<K, V> = HashMap<K, V, std::hash::BuildHasherDefault<FastHash>>;
+type FastHashSet<K> = HashSet<K, std::hash::BuildHasherDefault<FastHash>>;
+
+/// One timer of a key in [`TimerIndex::by_key`]: domain, name, fire time.
+type KeyTimer = (TimeDomain, Arc<str>, i64);
+
+/// A key's timers in [`TimerIndex::by_key`], with the shared copy of the key.
+#[derive(Debug)]
+struct KeyTimers {
+    key: Arc<[u8]>,
+    /// Exactly as many as the key has (a key has one or a few).
+    timers: Box<[KeyTimer]>,
+}
+
+/// The committed timers in memory: in fire order (to find due timers) and by key (to find a key's
+/// timer), both without a disk read. Each key and each timer name is stored once and shared by
+/// the entries that use it (a name no committed timer uses any more is let go).
+#[derive(Debug, Default)]
+pub(crate) struct TimerIndex {
+    by_time: BTreeSet<TimerEntry>,
+    by_key: FastHashMap<Arc<[u8]>, KeyTimers>,
+    names: FastHashSet<Arc<str>>,
+}
+
+impl TimerIndex {
+    /// Every committed timer, in fire order.
+    pub(crate) fn by_time(&self) -> &BTreeSet<TimerEntry> {
+        &self.by_time
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.by_time.len()
+    }
+
+    /// When `key`'s timer `name` in `domain` fires, if it exists.
+    pub(crate) fn get(&self, key: &[u8], domain: TimeDomain, name: &str) -> Option<i64> {
+        self.by_key
+            .get(key)?
+            .timers
+            .iter()
+            .find_map(|(timer_domain, timer_name, fire_at)| {
+                (*timer_domain == domain && &**timer_name == name).then_some(*fire_at)
+            })
+    }
+
+    /// `key`'s timers.
+    pub(crate) fn of_key(&self, key: &[u8]) -> Vec<TimerEntry> {
+        let Some(entry) = self.by_key.get(key) else {
+            return Vec::new();
+        };
+        entry
+            .timers
+            .iter()
+            .map(|(domain, name, fire_at_us)| TimerEntry {
+                fire_at_us: *fire_at_us,
+                domain: *domain,
+                key: Arc::clone(&entry.key),
+                name: Arc::clone(name),
+            })
+            .collect()
+    }
+
+    /// The shared copy of `name`.
+    fn intern(&mut self, name: &str) -> Arc<str> {
+        if let Some(shared) = self.names.get(name) {
+            return Arc::clone(shared);
+        }
+        let shared: Arc<str> = Arc::from(name);
+        self.names.insert(Arc::clone(&shared));
+        shared
+    }
+
+    /// Adds a timer; one timer per key, domain and name (an existing one is moved).
+    pub(crate) fn insert(&mut self, fire_at_us: i64, domain: TimeDomain, key: &[u8], name: &str) {
+        let name = self.intern(name);
+        let key = match self.by_key.get_mut(key) {
+            Some(entry) => {
+                let existing = entry
+                    .timers
+                    .iter_mut()
+                    .find(|(timer_domain, timer_name, _)| *timer_domain == domain && *timer_name == name);
+                match existing {
+                    Some(timer) => {
+                        let previous = std::mem::replace(&mut timer.2, fire_at_us);
+                        self.by_time.remove(&TimerEntry {
+                            fire_at_us: previous,
+                            domain,
+                            key: Arc::clone(&entry.key),
+                            name: Arc::clone(&name),
+                        });
+                    }
+                    None => {
+                        let mut timers = Vec::with_capacity(entry.timers.len() + 1);
+                        timers.extend(entry.timers.iter().cloned());
+                        timers.push((domain, Arc::clone(&name), fire_at_us));
+                        entry.timers = timers.into_boxed_slice();
+                    }
+                }
+                Arc::clone(&entry.key)
+            }
+            None => {
+                let shared: Arc<[u8]> = Arc::from(key);
+                self.by_key.insert(
+                    Arc::clone(&shared),
+                    KeyTimers {
+                        key: Arc::clone(&shared),
+                        timers: Box::new([(domain, Arc::clone(&name), fire_at_us)]),
+                    },
+                );
+                shared
+            }
+        };
+        self.by_time.insert(TimerEntry {
             fire_at_us,
             domain,
-            key: rest[..separator].to_vec(),
-            name: String::from_utf8(rest[separator + 1..].to_vec()).ok()?,
-        })
+            key,
+            name,
+        });
+    }
+
+    /// Removes `key`'s timer `name` in `domain` firing at `fire_at_us`, if present.
+    pub(crate) fn remove(&mut self, fire_at_us: i64, domain: TimeDomain, key: &[u8], name: &str) {
+        let Some(entry) = self.by_key.get_mut(key) else {
+            return;
+        };
+        let Some(position) = entry
+            .timers
+            .iter()
+            .position(|(timer_domain, timer_name, fire_at)| {
+                *timer_domain == domain && &**timer_name == name && *fire_at == fire_at_us
+            })
+        else {
+            return;
+        };
+        let mut timers = entry.timers.to_vec();
+        let (_, name, _) = timers.remove(position);
+        self.by_time.remove(&TimerEntry {
+            fire_at_us,
+            domain,
+            key: Arc::clone(&entry.key),
+            name: Arc::clone(&name),
+        });
+        if timers.is_empty() {
+            self.by_key.remove(key);
+        } else {
+            entry.timers = timers.into_boxed_slice();
+        }
+        // Every timer's copies are gone; the names set and `name` hold the last two.
+        if Arc::strong_count(&name) == 2 {
+            self.names.remove(&*name);
+        }
     }
 }
 
@@ -100,7 +331,7 @@ const META_NEXT_SEQUENCE: &[u8] = b"next_outbox_sequence";
 /// (a key has a handful of timers).
 #[derive(Debug, Default)]
 pub(crate) struct TimerSlots<T> {
-    by_key: HashMap<Vec<u8>, Vec<Slot<T>>>,
+    by_key: FastHashMap<Vec<u8>, Vec<Slot<T>>>,
 }
 
 /// One timer's entry in [`TimerSlots`]: its domain, its name and the value.
@@ -131,16 +362,6 @@ impl<T: Copy> TimerSlots<T> {
             None => slots.push((domain, name.into(), value)),
         }
     }
-
-    /// Removes `key`'s timer `name` in `domain`.
-    pub(crate) fn remove(&mut self, key: &[u8], domain: TimeDomain, name: &str) {
-        if let Some(slots) = self.by_key.get_mut(key) {
-            slots.retain(|(slot_domain, slot_name, _)| !(*slot_domain == domain && &**slot_name == name));
-            if slots.is_empty() {
-                self.by_key.remove(key);
-            }
-        }
-    }
 }
 
 /// What a shard knows about its progress.
@@ -159,16 +380,15 @@ pub struct Shard {
     db: Arc<DB>,
     path: PathBuf,
     partition: i32,
-    timers: BTreeSet<Timer>,
-    /// The committed timers' fire times by key (the same timers as `timers`).
-    timers_by_key: TimerSlots<i64>,
+    /// The committed timers.
+    timers: TimerIndex,
     progress: ShardProgress,
     next_outbox_sequence: u64,
     /// Whether the dedup family may hold entries: it had one on open, or a batch wrote one since.
     dedup_entries: bool,
 }
 
-fn options() -> Options {
+fn options(memory: Option<&StorageMemory>) -> Options {
     let mut options = Options::default();
     options.create_if_missing(true);
     options.create_missing_column_families(true);
@@ -178,10 +398,59 @@ fn options() -> Options {
     let mut table = rocksdb::BlockBasedOptions::default();
     table.set_bloom_filter(10.0, false);
     table.set_whole_key_filtering(true);
+    if let Some(memory) = memory {
+        table.set_block_cache(&memory.block_cache);
+        options.set_write_buffer_manager(&memory.memtables);
+    }
     options.set_block_based_table_factory(&table);
     options.set_memtable_whole_key_filtering(true);
     options.set_memtable_prefix_bloom_ratio(0.02);
     options
+}
+
+/// RocksDB memory that the shards of one process share: one block cache (SST data blocks read
+/// back) and one budget for every shard's memtables. Without it each column family of each shard
+/// gets RocksDB's defaults — its own 32 MiB block cache and up to two 64 MiB memtables — so a pod's
+/// memory grows with the partitions it owns. Cheap to clone (handles to the same cache and budget).
+#[derive(Clone)]
+pub struct StorageMemory {
+    block_cache: rocksdb::Cache,
+    memtables: rocksdb::WriteBufferManager,
+    block_cache_bytes: usize,
+    memtable_bytes: usize,
+}
+
+impl std::fmt::Debug for StorageMemory {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("StorageMemory")
+            .field("block_cache_bytes", &self.block_cache_bytes)
+            .field("memtable_bytes", &self.memtable_bytes)
+            .finish()
+    }
+}
+
+impl StorageMemory {
+    /// A block cache of `block_cache_bytes` and a memtable budget of `memtable_bytes`: when the
+    /// shards' memtables together pass it, RocksDB flushes the largest (writes are not stalled).
+    pub fn new(block_cache_bytes: usize, memtable_bytes: usize) -> StorageMemory {
+        StorageMemory {
+            block_cache: rocksdb::Cache::new_lru_cache(block_cache_bytes),
+            memtables: rocksdb::WriteBufferManager::new_write_buffer_manager(memtable_bytes, false),
+            block_cache_bytes,
+            memtable_bytes,
+        }
+    }
+
+    /// Bytes in the block cache now.
+    pub fn block_cache_usage_bytes(&self) -> usize {
+        self.block_cache.get_usage()
+    }
+
+    /// Bytes of memtables now, all shards together.
+    pub fn memtable_usage_bytes(&self) -> usize {
+        self.memtables.get_usage()
+    }
 }
 
 /// Key-value entries of a family.
@@ -191,22 +460,28 @@ pub(crate) type Entries = Vec<(Vec<u8>, Vec<u8>)>;
 pub(crate) type Overlay = BTreeMap<&'static str, BTreeMap<Vec<u8>, Option<Vec<u8>>>>;
 
 impl Shard {
-    /// Opens (or creates) the shard of `partition` at `path`.
+    /// Opens (or creates) the shard of `partition` at `path`, with RocksDB's own memory defaults.
     pub fn open(path: &Path, partition: i32) -> Result<Shard, StateError> {
+        Shard::open_in(path, partition, None)
+    }
+
+    /// Opens (or creates) the shard of `partition` at `path`; with `memory`, its block cache and
+    /// memtables come out of that shared budget.
+    pub fn open_in(path: &Path, partition: i32, memory: Option<&StorageMemory>) -> Result<Shard, StateError> {
         let descriptors = cf::ALL
             .iter()
-            .map(|name| ColumnFamilyDescriptor::new(*name, options()));
-        let db =
-            DB::open_cf_descriptors(&options(), path, descriptors).map_err(|error| StateError::Storage {
+            .map(|name| ColumnFamilyDescriptor::new(*name, options(memory)));
+        let db = DB::open_cf_descriptors(&options(memory), path, descriptors).map_err(|error| {
+            StateError::Storage {
                 path: path.display().to_string(),
                 message: error.to_string(),
-            })?;
+            }
+        })?;
         let mut shard = Shard {
             db: Arc::new(db),
             path: path.to_owned(),
             partition,
-            timers: BTreeSet::new(),
-            timers_by_key: TimerSlots::default(),
+            timers: TimerIndex::default(),
             progress: ShardProgress {
                 next_offset: None,
                 max_event_time_us: i64::MIN,
@@ -221,14 +496,12 @@ impl Shard {
             .iterator_cf(shard.handle(cf::TIMERS_BY_TIME)?, IteratorMode::Start)
         {
             let (bytes, _) = item.map_err(|error| shard.storage_error(error))?;
-            let timer = Timer::decode_by_time(&bytes).ok_or_else(|| StateError::Corrupt {
-                path: shard.path.display().to_string(),
-                message: "undecodable timer entry".to_owned(),
-            })?;
-            shard
-                .timers_by_key
-                .set(&timer.key, timer.domain, &timer.name, timer.fire_at_us);
-            shard.timers.insert(timer);
+            let (fire_at_us, domain, key, name) =
+                decode_by_time(&bytes).ok_or_else(|| StateError::Corrupt {
+                    path: shard.path.display().to_string(),
+                    message: "undecodable timer entry".to_owned(),
+                })?;
+            shard.timers.insert(fire_at_us, domain, key, name);
         }
         shard.clear_family(cf::TIMERS_BY_KEY)?;
         shard.dedup_entries = shard
@@ -313,7 +586,7 @@ impl Shard {
     }
 
     /// The in-memory timer index (committed timers).
-    pub(crate) fn timers(&self) -> &BTreeSet<Timer> {
+    pub(crate) fn timers(&self) -> &TimerIndex {
         &self.timers
     }
 
@@ -324,7 +597,7 @@ impl Shard {
 
     /// When `key`'s committed timer `name` in `domain` fires, if it exists.
     pub(crate) fn committed_timer(&self, key: &[u8], domain: TimeDomain, name: &str) -> Option<i64> {
-        self.timers_by_key.get(key, domain, name)
+        self.timers.get(key, domain, name)
     }
 
     /// Deletes everything in a family no longer written (a shard written by an older version).
@@ -392,8 +665,8 @@ impl Shard {
     pub(crate) fn commit(
         &mut self,
         overlay: Overlay,
-        timers_added: BTreeSet<Timer>,
-        timers_removed: BTreeSet<Timer>,
+        timers_added: BTreeSet<TimerEntry>,
+        timers_removed: BTreeSet<TimerEntry>,
         outbox: &[OutboxRecord],
         progress: ShardProgress,
     ) -> Result<Vec<u64>, StateError> {
@@ -439,14 +712,13 @@ impl Shard {
         self.next_outbox_sequence += sequences.len() as u64;
         self.dedup_entries |= overlay.contains_key(cf::DEDUP);
         for timer in &timers_removed {
-            self.timers.remove(timer);
-            self.timers_by_key.remove(&timer.key, timer.domain, &timer.name);
+            self.timers
+                .remove(timer.fire_at_us, timer.domain, &timer.key, &timer.name);
         }
         for timer in &timers_added {
-            self.timers_by_key
-                .set(&timer.key, timer.domain, &timer.name, timer.fire_at_us);
+            self.timers
+                .insert(timer.fire_at_us, timer.domain, &timer.key, &timer.name);
         }
-        self.timers.extend(timers_added);
         self.progress = progress;
         Ok(sequences)
     }
@@ -468,26 +740,39 @@ impl Shard {
 
     /// Approximate bytes on disk (SST files and memtables) across families.
     pub fn approximate_size_bytes(&self) -> u64 {
+        self.property_sum("rocksdb.total-sst-files-size")
+            + self.property_sum("rocksdb.cur-size-all-mem-tables")
+    }
+
+    /// Memory the shard holds outside a shared block cache: its memtables, RocksDB's table
+    /// readers (SST index and bloom filter blocks), and the in-memory timer index.
+    pub fn memory(&self) -> ShardMemory {
+        ShardMemory {
+            memtable_bytes: self.property_sum("rocksdb.cur-size-all-mem-tables"),
+            table_reader_bytes: self.property_sum("rocksdb.estimate-table-readers-mem"),
+            timers: self.timers.len(),
+        }
+    }
+
+    /// An integer property summed over the column families.
+    fn property_sum(&self, property: &str) -> u64 {
         cf::ALL
             .iter()
             .filter_map(|name| self.db.cf_handle(name))
-            .map(|handle| {
-                let sst = self
-                    .db
-                    .property_int_value_cf(handle, "rocksdb.total-sst-files-size")
-                    .ok()
-                    .flatten()
-                    .unwrap_or(0);
-                let memtable = self
-                    .db
-                    .property_int_value_cf(handle, "rocksdb.cur-size-all-mem-tables")
-                    .ok()
-                    .flatten()
-                    .unwrap_or(0);
-                sst + memtable
-            })
+            .filter_map(|handle| self.db.property_int_value_cf(handle, property).ok().flatten())
             .sum()
     }
+}
+
+/// What [`Shard::memory`] reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShardMemory {
+    /// Bytes of memtables (active and not yet flushed).
+    pub memtable_bytes: u64,
+    /// Bytes of SST index and filter blocks held by RocksDB's table readers.
+    pub table_reader_bytes: u64,
+    /// Timers in the in-memory index (every committed timer of the shard).
+    pub timers: usize,
 }
 
 /// How long dropping a shard waits for its checkpointers before closing it anyway.
@@ -750,10 +1035,106 @@ mod tests {
         assert_eq!(slots.get(b"k", TimeDomain::EventTime, "a"), Some(4));
         assert_eq!(slots.get(b"k", TimeDomain::ProcessingTime, "a"), Some(2));
         assert_eq!(slots.get(b"j", TimeDomain::EventTime, "a"), None);
-        slots.remove(b"k", TimeDomain::EventTime, "a");
-        slots.remove(b"k", TimeDomain::EventTime, "b");
-        assert_eq!(slots.get(b"k", TimeDomain::EventTime, "a"), None);
-        slots.remove(b"k", TimeDomain::ProcessingTime, "a");
-        assert!(slots.by_key.is_empty(), "no empty per-key lists are kept");
+    }
+
+    #[test]
+    fn the_timer_index_shares_one_copy_of_each_key_and_name_and_lets_unused_names_go() {
+        use TimeDomain::{EventTime, ProcessingTime};
+        let mut index = TimerIndex::default();
+        index.insert(1, EventTime, b"k", "a");
+        index.insert(2, ProcessingTime, b"k", "a");
+        index.insert(3, EventTime, b"k", "b");
+        index.insert(4, EventTime, b"k", "a"); // moves k's event-time "a" from 1 to 4
+        index.insert(5, EventTime, b"j", "a");
+        let entries: Vec<&TimerEntry> = index.by_time().iter().collect();
+        let order: Vec<(i64, &[u8], &str)> = entries
+            .iter()
+            .map(|timer| (timer.fire_at_us, &*timer.key, &*timer.name))
+            .collect();
+        let expected: [(i64, &[u8], &str); 4] =
+            [(2, b"k", "a"), (3, b"k", "b"), (4, b"k", "a"), (5, b"j", "a")];
+        assert_eq!(order, expected);
+        assert!(
+            Arc::ptr_eq(&entries[0].key, &entries[2].key),
+            "k's timers share its key"
+        );
+        assert!(
+            Arc::ptr_eq(&entries[0].name, &entries[3].name),
+            "every \"a\" is one copy"
+        );
+        index.remove(4, EventTime, b"k", "a");
+        index.remove(5, EventTime, b"j", "a");
+        assert!(
+            index.names.contains("a"),
+            "still used by k's processing-time timer"
+        );
+        index.remove(2, ProcessingTime, b"k", "a");
+        assert!(!index.names.contains("a"));
+        index.remove(9, EventTime, b"k", "b"); // not when it fires: nothing removed
+        assert_eq!(index.get(b"k", EventTime, "b"), Some(3));
+        index.remove(3, EventTime, b"k", "b");
+        assert!(index.by_key.is_empty() && index.names.is_empty() && index.len() == 0);
+    }
+
+    /// One operation on the timer index: insert (moves an existing timer) or remove.
+    #[derive(Debug, Clone)]
+    enum IndexOp {
+        Insert(i64, bool, u8, u8),
+        Remove(i64, bool, u8, u8),
+    }
+
+    fn index_op() -> impl Strategy<Value = IndexOp> {
+        prop_oneof![
+            (0i64..6, any::<bool>(), 0u8..3, 0u8..3).prop_map(|(t, d, k, n)| IndexOp::Insert(t, d, k, n)),
+            (0i64..6, any::<bool>(), 0u8..3, 0u8..3).prop_map(|(t, d, k, n)| IndexOp::Remove(t, d, k, n)),
+        ]
+    }
+
+    proptest! {
+        /// Against a model (one fire time per key, domain and name): the same timers by key and
+        /// in fire order, and exactly the names in use kept.
+        #[test]
+        fn the_timer_index_holds_what_a_map_of_timers_holds(ops in prop::collection::vec(index_op(), 0..40)) {
+            let domain = |event: bool| if event { TimeDomain::EventTime } else { TimeDomain::ProcessingTime };
+            let mut index = TimerIndex::default();
+            let mut model: BTreeMap<(Vec<u8>, TimeDomain, String), i64> = BTreeMap::new();
+            for op in ops {
+                match op {
+                    IndexOp::Insert(time, event, key, name) => {
+                        let (key, name) = (vec![b'k', key], format!("n{name}"));
+                        index.insert(time, domain(event), &key, &name);
+                        model.insert((key, domain(event), name), time);
+                    }
+                    IndexOp::Remove(time, event, key, name) => {
+                        let (key, name) = (vec![b'k', key], format!("n{name}"));
+                        index.remove(time, domain(event), &key, &name);
+                        let slot = (key, domain(event), name);
+                        if model.get(&slot) == Some(&time) {
+                            model.remove(&slot);
+                        }
+                    }
+                }
+            }
+            let mut expected: Vec<(i64, TimeDomain, Vec<u8>, String)> = model
+                .iter()
+                .map(|((key, domain, name), time)| (*time, *domain, key.clone(), name.clone()))
+                .collect();
+            expected.sort();
+            let actual: Vec<(i64, TimeDomain, Vec<u8>, String)> = index
+                .by_time()
+                .iter()
+                .map(|timer| (timer.fire_at_us, timer.domain, timer.key.to_vec(), timer.name.to_string()))
+                .collect();
+            prop_assert_eq!(actual, expected);
+            for ((key, domain, name), time) in &model {
+                prop_assert_eq!(index.get(key, *domain, name), Some(*time));
+            }
+            let names_in_use: BTreeSet<String> = model.keys().map(|(_, _, name)| name.clone()).collect();
+            let names_kept: BTreeSet<String> = index.names.iter().map(|name| name.to_string()).collect();
+            prop_assert_eq!(names_kept, names_in_use);
+            let keys_in_use: BTreeSet<Vec<u8>> = model.keys().map(|(key, _, _)| key.clone()).collect();
+            let keys_kept: BTreeSet<Vec<u8>> = index.by_key.keys().map(|key| key.to_vec()).collect();
+            prop_assert_eq!(keys_kept, keys_in_use);
+        }
     }
 }
