@@ -671,15 +671,22 @@ mod tests {
         offset: i64,
     }
 
+    /// A test payload `event time,rest`: observes the event time; the time and the rest.
+    fn observed<'a>(context: &mut KeyContext<'_>, record: &InputRecord<'a>) -> (i64, &'a str) {
+        let text = std::str::from_utf8(record.payload).expect("utf8");
+        let (time, rest) = text.split_once(',').expect("comma");
+        let time = time.parse().expect("time");
+        context.observe_event_time(time);
+        (time, rest)
+    }
+
     impl StatefulProcessor for Expiring {
         fn handle_record(
             &mut self,
             context: &mut KeyContext<'_>,
             record: &InputRecord<'_>,
         ) -> Result<(), StateError> {
-            let text = std::str::from_utf8(record.payload).expect("utf8");
-            let (time, expiry) = text.split_once(',').expect("comma");
-            context.observe_event_time(time.parse().expect("time"));
+            let (_, expiry) = observed(context, record);
             let expiry: i64 = expiry.parse().expect("expiry");
             if expiry < 0 {
                 context.clear("v");
@@ -781,6 +788,62 @@ mod tests {
             .iter()
             .map(|timer| timer.fire_at_us)
             .collect()
+    }
+
+    /// Input payload: `event time, map key`. Puts the map entry with an expiry 10 µs after the
+    /// event time: one uniquely named TTL timer per map key.
+    struct MapEntries;
+
+    impl StatefulProcessor for MapEntries {
+        fn handle_record(
+            &mut self,
+            context: &mut KeyContext<'_>,
+            record: &InputRecord<'_>,
+        ) -> Result<(), StateError> {
+            let (time, map_key) = observed(context, record);
+            let value = Offset {
+                offset: record.offset,
+            };
+            context.map_put("m", map_key.as_bytes(), &value, Some(time + 10));
+            Ok(())
+        }
+
+        fn handle_timer(&mut self, _: &mut KeyContext<'_>, _: &Timer) -> Result<(), StateError> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn evicted_map_entries_let_their_timer_names_go() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut shard = Shard::open(&dir.path().join("s"), 0).expect("open");
+        let config = EngineConfig {
+            allowed_lateness_us: LATENESS,
+        };
+        let batch = |shard: &mut Shard, payloads: &[String], first_offset: i64| {
+            let records: Vec<InputRecord<'_>> = payloads
+                .iter()
+                .zip(first_offset..)
+                .map(|(payload, offset)| InputRecord {
+                    key: b"k",
+                    payload: payload.as_bytes(),
+                    offset,
+                    trace: None,
+                })
+                .collect();
+            shard
+                .process_batch(&records, &mut MapEntries, &config, 0)
+                .expect("batch")
+        };
+        let puts: Vec<String> = (0..50).map(|i| format!("0,entry{i}")).collect();
+        batch(&mut shard, &puts, 0);
+        assert_eq!(shard.timers().len(), 50);
+        assert_eq!(shard.timers().names_in_use(), 50);
+        // Watermark 40 passes every expiry (10): all 50 evicted in one batch, and one new entry.
+        let result = batch(&mut shard, &["50,last".to_owned()], 50);
+        assert_eq!(result.evicted, 50);
+        assert_eq!(shard.timers().len(), 1);
+        assert_eq!(shard.timers().names_in_use(), 1, "only the new entry's name");
     }
 
     #[test]

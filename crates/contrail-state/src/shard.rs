@@ -9,7 +9,7 @@
 //! held in memory whole (≈ 190 bytes per timer); RocksDB's block cache and memtables can be bounded
 //! for all the shards of a process together ([`StorageMemory`]).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -107,12 +107,25 @@ fn decode_by_time(bytes: &[u8]) -> Option<(i64, TimeDomain, &[u8], &str)> {
     Some((fire_at_us, domain, &rest[..separator], name))
 }
 
-/// A fast hasher for the in-memory indexes (keys and timer names): multiply–rotate over 8-byte
-/// words from a per-process random seed. SipHash (std's default) was ≈ 15 % of the time to
-/// rebuild the timer index of a shard; a seed drawn per process keeps collisions from being
-/// crafted in advance.
+/// A fast hasher for the in-memory indexes (keys and timer names): each 8-byte word is mixed in
+/// with a folded multiply (the 128-bit product's halves XORed, so every input bit reaches every
+/// output bit), from a per-process random seed. SipHash (std's default) was ≈ 15 % of the time to
+/// rebuild the timer index of a shard. Like foldhash, it is not a keyed cryptographic hash: the
+/// seed makes collisions differ per process, but it is no proof against someone who can watch
+/// the table's timing and choose the keys.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct FastHash(u64);
+
+/// The odd constant every word is multiplied by (2^64 divided by the golden ratio).
+const FAST_HASH_MULTIPLIER: u64 = 0x9e37_79b9_7f4a_7c15;
+
+impl FastHash {
+    /// Mixes `word` into the state: folded multiply of (state XOR word).
+    fn mix(&mut self, word: u64) {
+        let product = u128::from(self.0 ^ word) * u128::from(FAST_HASH_MULTIPLIER);
+        self.0 = (product as u64) ^ ((product >> 64) as u64);
+    }
+}
 
 impl Default for FastHash {
     fn default() -> Self {
@@ -126,35 +139,32 @@ impl Default for FastHash {
 
 impl std::hash::Hasher for FastHash {
     fn write(&mut self, bytes: &[u8]) {
-        const MULTIPLIER: u64 = 0x9e37_79b9_7f4a_7c15;
         let mut chunks = bytes.chunks_exact(8);
         for chunk in &mut chunks {
-            let word = u64::from_le_bytes(chunk.try_into().unwrap_or([0; 8]));
-            self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(MULTIPLIER);
+            self.mix(u64::from_le_bytes(chunk.try_into().unwrap_or([0; 8])));
         }
         let mut tail = [0u8; 8];
         tail[..chunks.remainder().len()].copy_from_slice(chunks.remainder());
-        self.0 =
-            (self.0.rotate_left(5) ^ u64::from_le_bytes(tail) ^ bytes.len() as u64).wrapping_mul(MULTIPLIER);
+        // The length keeps "ab" and "ab\0" apart.
+        self.mix(u64::from_le_bytes(tail) ^ (bytes.len() as u64).rotate_left(56));
     }
 
     fn write_u8(&mut self, byte: u8) {
-        self.0 = (self.0.rotate_left(5) ^ u64::from(byte)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        self.mix(u64::from(byte));
     }
 
     fn write_usize(&mut self, value: usize) {
-        self.0 = (self.0.rotate_left(5) ^ value as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        self.mix(value as u64);
     }
 
     fn finish(&self) -> u64 {
-        // Fold the high bits down: hashbrown takes its control bits from the top, its bucket
-        // from the bottom.
-        self.0 ^ (self.0 >> 29)
+        // Already mixed both ways: hashbrown takes its control bits from the top, its bucket from
+        // the bottom.
+        self.0
     }
 }
 
 type FastHashMap<K, V> = HashMap<K, V, std::hash::BuildHasherDefault<FastHash>>;
-type FastHashSet<K> = HashSet<K, std::hash::BuildHasherDefault<FastHash>>;
 
 /// One timer of a key in [`TimerIndex::by_key`]: domain, name, fire time.
 type KeyTimer = (TimeDomain, Arc<str>, i64);
@@ -169,15 +179,49 @@ struct KeyTimers {
 
 /// The committed timers in memory: in fire order (to find due timers) and by key (to find a key's
 /// timer), both without a disk read. Each key and each timer name is stored once and shared by
-/// the entries that use it (a name no committed timer uses any more is let go).
+/// the entries that use it; a name is let go with the last committed timer that uses it (counted,
+/// not read off the `Arc`: callers may hold clones of entries, e.g. the engine's cursors).
 #[derive(Debug, Default)]
 pub(crate) struct TimerIndex {
     by_time: BTreeSet<TimerEntry>,
     by_key: FastHashMap<Arc<[u8]>, KeyTimers>,
-    names: FastHashSet<Arc<str>>,
+    /// Each name in use, with how many committed timers use it.
+    names: FastHashMap<Arc<str>, usize>,
+}
+
+/// The shared copy of `name`, counted as used by one more timer.
+fn intern(names: &mut FastHashMap<Arc<str>, usize>, name: &str) -> Arc<str> {
+    if let Some((shared, _)) = names.get_key_value(name) {
+        let shared = Arc::clone(shared);
+        if let Some(uses) = names.get_mut(name) {
+            *uses += 1;
+        }
+        return shared;
+    }
+    let shared: Arc<str> = Arc::from(name);
+    names.insert(Arc::clone(&shared), 1);
+    shared
+}
+
+/// One timer fewer uses `name`; the last one lets it go.
+fn release(names: &mut FastHashMap<Arc<str>, usize>, name: &str) {
+    if let Some(uses) = names.get_mut(name) {
+        *uses -= 1;
+        if *uses == 0 {
+            names.remove(name);
+        }
+    }
 }
 
 impl TimerIndex {
+    /// An empty index with room for `keys` keys without growing.
+    pub(crate) fn with_key_capacity(keys: usize) -> TimerIndex {
+        TimerIndex {
+            by_key: FastHashMap::with_capacity_and_hasher(keys, Default::default()),
+            ..TimerIndex::default()
+        }
+    }
+
     /// Every committed timer, in fire order.
     pub(crate) fn by_time(&self) -> &BTreeSet<TimerEntry> {
         &self.by_time
@@ -185,6 +229,12 @@ impl TimerIndex {
 
     pub(crate) fn len(&self) -> usize {
         self.by_time.len()
+    }
+
+    /// How many distinct timer names committed timers use.
+    #[cfg(test)]
+    pub(crate) fn names_in_use(&self) -> usize {
+        self.names.len()
     }
 
     /// When `key`'s timer `name` in `domain` fires, if it exists.
@@ -215,45 +265,38 @@ impl TimerIndex {
             .collect()
     }
 
-    /// The shared copy of `name`.
-    fn intern(&mut self, name: &str) -> Arc<str> {
-        if let Some(shared) = self.names.get(name) {
-            return Arc::clone(shared);
-        }
-        let shared: Arc<str> = Arc::from(name);
-        self.names.insert(Arc::clone(&shared));
-        shared
-    }
-
     /// Adds a timer; one timer per key, domain and name (an existing one is moved).
     pub(crate) fn insert(&mut self, fire_at_us: i64, domain: TimeDomain, key: &[u8], name: &str) {
-        let name = self.intern(name);
-        let key = match self.by_key.get_mut(key) {
+        let (key, name) = match self.by_key.get_mut(key) {
             Some(entry) => {
                 let existing = entry
                     .timers
                     .iter_mut()
-                    .find(|(timer_domain, timer_name, _)| *timer_domain == domain && *timer_name == name);
+                    .find(|(timer_domain, timer_name, _)| *timer_domain == domain && &**timer_name == name);
                 match existing {
                     Some(timer) => {
                         let previous = std::mem::replace(&mut timer.2, fire_at_us);
+                        let name = Arc::clone(&timer.1);
                         self.by_time.remove(&TimerEntry {
                             fire_at_us: previous,
                             domain,
                             key: Arc::clone(&entry.key),
                             name: Arc::clone(&name),
                         });
+                        (Arc::clone(&entry.key), name)
                     }
                     None => {
+                        let name = intern(&mut self.names, name);
                         let mut timers = Vec::with_capacity(entry.timers.len() + 1);
                         timers.extend(entry.timers.iter().cloned());
                         timers.push((domain, Arc::clone(&name), fire_at_us));
                         entry.timers = timers.into_boxed_slice();
+                        (Arc::clone(&entry.key), name)
                     }
                 }
-                Arc::clone(&entry.key)
             }
             None => {
+                let name = intern(&mut self.names, name);
                 let shared: Arc<[u8]> = Arc::from(key);
                 self.by_key.insert(
                     Arc::clone(&shared),
@@ -262,7 +305,7 @@ impl TimerIndex {
                         timers: Box::new([(domain, Arc::clone(&name), fire_at_us)]),
                     },
                 );
-                shared
+                (shared, name)
             }
         };
         self.by_time.insert(TimerEntry {
@@ -300,10 +343,7 @@ impl TimerIndex {
         } else {
             entry.timers = timers.into_boxed_slice();
         }
-        // Every timer's copies are gone; the names set and `name` hold the last two.
-        if Arc::strong_count(&name) == 2 {
-            self.names.remove(&*name);
-        }
+        release(&mut self.names, &name);
     }
 }
 
@@ -431,8 +471,10 @@ impl std::fmt::Debug for StorageMemory {
 }
 
 impl StorageMemory {
-    /// A block cache of `block_cache_bytes` and a memtable budget of `memtable_bytes`: when the
-    /// shards' memtables together pass it, RocksDB flushes the largest (writes are not stalled).
+    /// A block cache of `block_cache_bytes` and a memtable budget of `memtable_bytes`: once the
+    /// shards' mutable memtables together pass 7/8 of it (or all memtables pass it while the
+    /// mutable ones hold half), the shard being written flushes its oldest memtable. A soft
+    /// target: writes are not stalled, and memtables being flushed still count.
     pub fn new(block_cache_bytes: usize, memtable_bytes: usize) -> StorageMemory {
         StorageMemory {
             block_cache: rocksdb::Cache::new_lru_cache(block_cache_bytes),
@@ -491,6 +533,15 @@ impl Shard {
         };
         shard.progress.next_offset = shard.read_meta(META_NEXT_OFFSET)?;
         shard.progress.max_event_time_us = shard.read_meta(META_MAX_EVENT_TIME)?.unwrap_or(i64::MIN);
+        // Sized once from RocksDB's estimate (a flight has one or two timers): growing the index
+        // by key re-hashes every key in it, a cache miss each.
+        let timers = shard
+            .db
+            .property_int_value_cf(shard.handle(cf::TIMERS_BY_TIME)?, "rocksdb.estimate-num-keys")
+            .ok()
+            .flatten()
+            .unwrap_or(0);
+        shard.timers = TimerIndex::with_key_capacity(usize::try_from(timers / 2).unwrap_or(0));
         for item in shard
             .db
             .iterator_cf(shard.handle(cf::TIMERS_BY_TIME)?, IteratorMode::Start)
@@ -1037,6 +1088,27 @@ mod tests {
         assert_eq!(slots.get(b"j", TimeDomain::EventTime, "a"), None);
     }
 
+    /// Keys that differ only in their last word's high bytes (the hardest case for a plain
+    /// multiply, whose low bits see only the input's low bits) still spread over a table's
+    /// buckets (low bits) and control bytes (top 7 bits) as random hashes would.
+    #[test]
+    fn the_fast_hash_spreads_keys_that_differ_only_in_their_high_bytes() {
+        use std::hash::BuildHasher;
+        let build = std::hash::BuildHasherDefault::<FastHash>::default();
+        let mut buckets = BTreeSet::new();
+        let mut controls = BTreeSet::new();
+        for i in 0u32..4096 {
+            let mut key = *b"AA1234:20130101:";
+            key[13..16].copy_from_slice(&(i << 4).to_le_bytes()[..3]);
+            let hash = build.hash_one(&key[..]);
+            buckets.insert(hash & 0xfff);
+            controls.insert(hash >> 57);
+        }
+        // 4,096 random hashes fill ≈ 2,589 of 4,096 buckets (σ ≈ 20).
+        assert!(buckets.len() > 2400, "{} buckets of 4096", buckets.len());
+        assert_eq!(controls.len(), 128);
+    }
+
     #[test]
     fn the_timer_index_shares_one_copy_of_each_key_and_name_and_lets_unused_names_go() {
         use TimeDomain::{EventTime, ProcessingTime};
@@ -1065,11 +1137,11 @@ mod tests {
         index.remove(4, EventTime, b"k", "a");
         index.remove(5, EventTime, b"j", "a");
         assert!(
-            index.names.contains("a"),
+            index.names.contains_key("a"),
             "still used by k's processing-time timer"
         );
         index.remove(2, ProcessingTime, b"k", "a");
-        assert!(!index.names.contains("a"));
+        assert!(!index.names.contains_key("a"));
         index.remove(9, EventTime, b"k", "b"); // not when it fires: nothing removed
         assert_eq!(index.get(b"k", EventTime, "b"), Some(3));
         index.remove(3, EventTime, b"k", "b");
@@ -1092,13 +1164,17 @@ mod tests {
 
     proptest! {
         /// Against a model (one fire time per key, domain and name): the same timers by key and
-        /// in fire order, and exactly the names in use kept.
+        /// in fire order, and exactly the names in use kept, whatever clones of entries are held.
         #[test]
         fn the_timer_index_holds_what_a_map_of_timers_holds(ops in prop::collection::vec(index_op(), 0..40)) {
             let domain = |event: bool| if event { TimeDomain::EventTime } else { TimeDomain::ProcessingTime };
             let mut index = TimerIndex::default();
             let mut model: BTreeMap<(Vec<u8>, TimeDomain, String), i64> = BTreeMap::new();
+            // Clones of entries held outside the index (as the engine's cursors are) do not keep
+            // a name in use.
+            let mut held: Vec<TimerEntry> = Vec::new();
             for op in ops {
+                held.extend(index.by_time().iter().next().cloned());
                 match op {
                     IndexOp::Insert(time, event, key, name) => {
                         let (key, name) = (vec![b'k', key], format!("n{name}"));
@@ -1130,7 +1206,7 @@ mod tests {
                 prop_assert_eq!(index.get(key, *domain, name), Some(*time));
             }
             let names_in_use: BTreeSet<String> = model.keys().map(|(_, _, name)| name.clone()).collect();
-            let names_kept: BTreeSet<String> = index.names.iter().map(|name| name.to_string()).collect();
+            let names_kept: BTreeSet<String> = index.names.keys().map(|name| name.to_string()).collect();
             prop_assert_eq!(names_kept, names_in_use);
             let keys_in_use: BTreeSet<Vec<u8>> = model.keys().map(|(key, _, _)| key.clone()).collect();
             let keys_kept: BTreeSet<Vec<u8>> = index.by_key.keys().map(|key| key.to_vec()).collect();
