@@ -25,14 +25,13 @@ use clap::{Args, Subcommand};
 use contrail_common::metrics::MetricsRegistry;
 use contrail_cosmos::writer::{Change, DocumentWriter, Outcome, WriteError, WriteMetrics};
 use contrail_history::Table;
-use contrail_history::arrow::array::{Array, BinaryArray};
 use contrail_history::reader::{archived_offsets, scan};
 use futures::StreamExt as _;
 use indicatif::{ProgressBar, ProgressStyle};
 use prost::Message as _;
 use rdkafka::consumer::BaseConsumer;
 
-use crate::store::{longs, strings};
+use crate::store::{longs, records, strings};
 
 /// Options of `contrail backfill`.
 #[derive(Args, Debug)]
@@ -171,10 +170,7 @@ async fn newest_records(
         for batch in read.batches() {
             let keys = strings(batch, "flight_key")?;
             let versions = longs(batch, "version")?;
-            let records = batch
-                .column_by_name("record")
-                .and_then(|column| column.as_any().downcast_ref::<BinaryArray>())
-                .with_context(|| format!("{} has no binary column `record`", table.name()))?;
+            let records = records(batch, table.name())?;
             for (row, (key, version)) in keys.into_iter().zip(versions).enumerate() {
                 let (Some(key), Some(version)) = (key, version) else {
                     continue;

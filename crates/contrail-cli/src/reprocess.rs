@@ -22,7 +22,7 @@ use anyhow::{Context, Result, bail};
 use chrono::{DateTime, NaiveDate, Utc};
 use clap::Args;
 use contrail_history::Table;
-use contrail_history::arrow::array::{Array, BinaryArray};
+use contrail_history::arrow::array::Array;
 use contrail_history::reader::scan;
 use contrail_proto::v1::OperationalEvent;
 use futures::StreamExt as _;
@@ -163,10 +163,7 @@ pub async fn run(args: ReprocessArgs) -> Result<()> {
     let mut every = Vec::new();
     let mut undecodable = 0usize;
     for batch in read.batches() {
-        let records = batch
-            .column_by_name("record")
-            .and_then(|column| column.as_any().downcast_ref::<BinaryArray>())
-            .context("events has no binary column `record`")?;
+        let records = crate::store::records(batch, "events")?;
         for row in 0..records.len() {
             if records.is_null(row) {
                 undecodable += 1;

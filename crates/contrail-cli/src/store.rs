@@ -156,10 +156,7 @@ impl Stores {
         .await?;
         let mut alerts = Vec::new();
         for batch in scan.batches() {
-            let records = batch
-                .column_by_name("record")
-                .and_then(|column| column.as_any().downcast_ref::<BinaryArray>())
-                .context("alerts has no binary column `record`")?;
+            let records = records(batch, "alerts")?;
             for row in 0..records.len() {
                 alerts.push(
                     contrail_proto::v1::Alert::decode(records.value(row))
@@ -184,10 +181,7 @@ impl Stores {
         let mut states = Vec::new();
         for batch in scan.batches() {
             let keys = strings(batch, "flight_key")?;
-            let records = batch
-                .column_by_name("record")
-                .and_then(|column| column.as_any().downcast_ref::<BinaryArray>())
-                .context("flight_states has no binary column `record`")?;
+            let records = records(batch, "flight_states")?;
             for (row, row_key) in keys.iter().enumerate() {
                 if row_key.as_deref() != Some(key) {
                     continue;
@@ -339,6 +333,14 @@ pub fn strings(batch: &RecordBatch, name: &str) -> Result<Vec<Option<String>>> {
 
 fn collect_strings(array: &StringArray) -> Vec<Option<String>> {
     array.iter().map(|value| value.map(str::to_owned)).collect()
+}
+
+/// The binary `record` column (the encoded protobuf message) of a batch of `table`.
+pub fn records<'a>(batch: &'a RecordBatch, table: &str) -> Result<&'a BinaryArray> {
+    batch
+        .column_by_name("record")
+        .and_then(|column| column.as_any().downcast_ref::<BinaryArray>())
+        .with_context(|| format!("{table} has no binary column `record`"))
 }
 
 /// An Int64 column.

@@ -366,13 +366,7 @@ impl DocumentWriter {
                     Ok(Attempt::Done(Outcome::Written))
                 }
                 Err(error) => {
-                    let error = CosmosStoreError::service(format!("create stub {key}"), &error);
-                    if error.class() == ErrorClass::Conflict {
-                        self.metrics.retries.with_label_values(&["409"]).inc();
-                        Ok(Attempt::Again)
-                    } else {
-                        Err(error)
-                    }
+                    self.lost_create_race(CosmosStoreError::service(format!("create stub {key}"), &error))
                 }
             };
         };
@@ -392,6 +386,17 @@ impl DocumentWriter {
                 Ok(Attempt::Done(Outcome::Written))
             }
             Err(error) => self.lost_race(CosmosStoreError::service(format!("replace {key}"), &error)),
+        }
+    }
+
+    /// A failed create: a 409 (someone created the document first) is a lost race, anything else
+    /// an error.
+    fn lost_create_race(&self, error: CosmosStoreError) -> Result<Attempt, CosmosStoreError> {
+        if error.class() == ErrorClass::Conflict {
+            self.metrics.retries.with_label_values(&["409"]).inc();
+            Ok(Attempt::Again)
+        } else {
+            Err(error)
         }
     }
 
@@ -441,13 +446,7 @@ impl DocumentWriter {
                     Ok(Attempt::Done(Outcome::Written))
                 }
                 Err(error) => {
-                    let error = CosmosStoreError::service(format!("create {key}"), &error);
-                    if error.class() == ErrorClass::Conflict {
-                        self.metrics.retries.with_label_values(&["409"]).inc();
-                        Ok(Attempt::Again)
-                    } else {
-                        Err(error)
-                    }
+                    self.lost_create_race(CosmosStoreError::service(format!("create {key}"), &error))
                 }
             },
             Decision::Replace => {
