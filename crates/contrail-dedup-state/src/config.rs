@@ -250,7 +250,8 @@ impl RulesConfig {
 pub struct StorageConfig {
     /// Block cache (SST data blocks read back), MiB.
     pub block_cache_mib: usize,
-    /// All memtables together, MiB: past 90 % of it RocksDB flushes the largest.
+    /// All memtables together, MiB (a soft target): once the mutable ones pass 7/8 of it, the
+    /// shard being written flushes its oldest memtable.
     pub memtable_mib: usize,
 }
 
