@@ -590,25 +590,7 @@ fn the_serving_store_is_rebuilt_from_history_while_the_feed_goes_on() {
     );
 
     // The rebuild, while the feed goes on.
-    let delta_root = up.delta_root().display().to_string();
-    let backfill = std::process::Command::new(&contrail_bin)
-        .args(["backfill", "serving", "--from-delta", &delta_root])
-        .args([
-            "--cosmos-endpoint",
-            &up.cosmos_endpoint(),
-            "--brokers",
-            &up.brokers(),
-        ])
-        .args(["--max-ru-per-second", "20000", "--quiet"])
-        .output()
-        .expect("run contrail backfill serving");
-    let printed = String::from_utf8_lossy(&backfill.stdout).into_owned();
-    println!("contrail backfill serving printed:\n{printed}");
-    assert!(
-        backfill.status.success(),
-        "{printed}{}",
-        String::from_utf8_lossy(&backfill.stderr)
-    );
+    let printed = backfill_serving(&up, &["--max-ru-per-second", "20000"]);
     assert!(
         printed.contains("delta-archiver has archived ops.flights.curated up to its end"),
         "{printed}"
@@ -1083,25 +1065,7 @@ fn contrail_up_with_the_rotation_extension_serves_every_flights_knock_on_predict
     runtime
         .block_on(containers.flights.delete(None))
         .expect("delete the flights container");
-    let output = std::process::Command::new(&contrail_bin)
-        .args(["backfill", "serving", "--from-delta"])
-        .arg(up.delta_root())
-        .args([
-            "--cosmos-endpoint",
-            &up.cosmos_endpoint(),
-            "--brokers",
-            &up.brokers(),
-            "--quiet",
-        ])
-        .output()
-        .expect("run contrail backfill serving");
-    let printed = String::from_utf8_lossy(&output.stdout).into_owned();
-    println!("contrail backfill serving printed:\n{printed}");
-    assert!(
-        output.status.success(),
-        "{printed}{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let printed = backfill_serving(&up, &[]);
     assert!(printed.contains("the newest predictions of"), "{printed}");
     let rebuilt = runtime
         .block_on(async { query_documents(&containers_at(&up.cosmos_endpoint()).await?).await })
@@ -1141,6 +1105,33 @@ fn contrail_up_with_the_rotation_extension_serves_every_flights_knock_on_predict
 /// Waits (up to 300 s) until the serving store holds, for every flight of the raw topic (a day of
 /// flights at least), the document the test's own fold of the raw topic says — and no other
 /// document.
+/// `contrail backfill serving` from `up`'s Delta history into its Cosmos endpoint, with `extra`
+/// arguments: what it printed, once it succeeded.
+fn backfill_serving(up: &UpUnderTest, extra: &[&str]) -> String {
+    let contrail_bin = contrail_testkit::workspace_binary("contrail").expect("contrail");
+    let output = std::process::Command::new(&contrail_bin)
+        .args(["backfill", "serving", "--from-delta"])
+        .arg(up.delta_root())
+        .args([
+            "--cosmos-endpoint",
+            &up.cosmos_endpoint(),
+            "--brokers",
+            &up.brokers(),
+            "--quiet",
+        ])
+        .args(extra)
+        .output()
+        .expect("run contrail backfill serving");
+    let printed = String::from_utf8_lossy(&output.stdout).into_owned();
+    println!("contrail backfill serving printed:\n{printed}");
+    assert!(
+        output.status.success(),
+        "{printed}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    printed
+}
+
 fn served_as_the_raw_topic_says(up: &UpUnderTest) {
     let brokers = up.brokers();
     let ends = quiescent_ends(&brokers, "ops.events.raw", Duration::from_secs(3)).expect("raw ends");

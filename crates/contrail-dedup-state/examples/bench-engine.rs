@@ -36,7 +36,7 @@ use contrail_proto::v1::{FlightState, OperationalEvent};
 use contrail_state::{EngineConfig, Shard};
 use prost::Message;
 use support::{
-    Counting, Input, batches, fnv1a, input_records, measure, peak_rss_mib, process_cpu_ns, report,
+    Counting, Input, Measured, batches, fnv1a, input_records, measure, peak_rss_mib, process_cpu_ns, report,
 };
 
 #[global_allocator]
@@ -110,20 +110,7 @@ fn main() {
     let _ = std::fs::remove_dir_all(&dir);
 
     // Baseline: decode and store each event, one write batch per micro-batch.
-    let mut stores: Vec<rocksdb::DB> = (0..args.feed.shards)
-        .map(|shard| rocksdb::DB::open_default(dir.join(format!("baseline-{shard}"))).expect("open baseline"))
-        .collect();
-    let baseline = measure(|| {
-        for (shard, range) in &order {
-            let mut batch = rocksdb::WriteBatch::default();
-            for input in &inputs[*shard][range.clone()] {
-                let event = OperationalEvent::decode(input.payload.as_slice()).expect("decode");
-                batch.put(&input.key, event.encode_to_vec());
-            }
-            stores[*shard].write(batch).expect("write");
-        }
-    });
-    stores.clear();
+    let baseline = store_baseline::<OperationalEvent>(&dir.join("baseline"), &inputs, &order);
 
     // The engine with the flight processor.
     let rules = Rules::default();
@@ -234,22 +221,7 @@ fn main() {
     }
     let states: usize = by_tail.iter().map(Vec::len).sum();
     let tail_order = batches(&by_tail, args.feed.batch);
-    let mut stores: Vec<rocksdb::DB> = (0..args.feed.shards)
-        .map(|shard| {
-            rocksdb::DB::open_default(dir.join(format!("tail-baseline-{shard}"))).expect("open baseline")
-        })
-        .collect();
-    let tail_baseline = measure(|| {
-        for (shard, range) in &tail_order {
-            let mut batch = rocksdb::WriteBatch::default();
-            for input in &by_tail[*shard][range.clone()] {
-                let state = FlightState::decode(input.payload.as_slice()).expect("decode");
-                batch.put(&input.key, state.encode_to_vec());
-            }
-            stores[*shard].write(batch).expect("write");
-        }
-    });
-    stores.clear();
+    let tail_baseline = store_baseline::<FlightState>(&dir.join("tail-baseline"), &by_tail, &tail_order);
     let rules = RotationConfig::default().rules();
     let mut predictions = 0;
     let mut alerts = 0;
@@ -336,4 +308,29 @@ fn main() {
         "rotation / baseline: {:.0} % of the baseline's states/s; {predictions} predictions, {alerts} alert records",
         (tail_baseline.seconds / rotation.seconds) * 100.0
     );
+}
+
+/// A phase's baseline: each input decoded as `M`, encoded again and put under its key into a
+/// plain RocksDB database per shard (`{prefix}-{shard}`), one write batch per micro-batch.
+fn store_baseline<M: Message + Default>(
+    prefix: &std::path::Path,
+    inputs: &[Vec<Input>],
+    order: &[(usize, std::ops::Range<usize>)],
+) -> Measured {
+    let stores: Vec<rocksdb::DB> = (0..inputs.len())
+        .map(|shard| {
+            let path = format!("{}-{shard}", prefix.display());
+            rocksdb::DB::open_default(path).expect("open baseline")
+        })
+        .collect();
+    measure(|| {
+        for (shard, range) in order {
+            let mut batch = rocksdb::WriteBatch::default();
+            for input in &inputs[*shard][range.clone()] {
+                let message = M::decode(input.payload.as_slice()).expect("decode");
+                batch.put(&input.key, message.encode_to_vec());
+            }
+            stores[*shard].write(batch).expect("write");
+        }
+    })
 }
