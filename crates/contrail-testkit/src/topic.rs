@@ -8,15 +8,19 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::OwnedMessage;
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 
-/// A group-less consumer assigned every partition of `topic` from the beginning.
-fn reader_from_beginning(brokers: &str, topic: &str) -> Result<BaseConsumer> {
-    let consumer: BaseConsumer = ClientConfig::new()
+/// A group-less consumer assigned every partition of `topic` from the beginning; `fetch_wait` is
+/// how long the broker may hold a fetch (librdkafka's default, 500 ms, when `None`).
+fn reader_from_beginning(brokers: &str, topic: &str, fetch_wait: Option<Duration>) -> Result<BaseConsumer> {
+    let mut config = ClientConfig::new();
+    config
         .set("bootstrap.servers", brokers)
         .set("group.id", "contrail-testkit-reader")
         .set("enable.auto.commit", "false")
-        .set("enable.partition.eof", "false")
-        .create()
-        .context("consumer")?;
+        .set("enable.partition.eof", "false");
+    if let Some(wait) = fetch_wait {
+        config.set("fetch.wait.max.ms", wait.as_millis().to_string());
+    }
+    let consumer: BaseConsumer = config.create().context("consumer")?;
     let metadata = consumer
         .fetch_metadata(Some(topic), Duration::from_secs(10))
         .context("metadata")?;
@@ -82,8 +86,19 @@ pub struct TopicReader {
 impl TopicReader {
     /// Opens the reader (fails if the topic does not exist).
     pub fn open(brokers: &str, topic: &str) -> Result<TopicReader> {
+        Self::open_with_fetch_wait(brokers, topic, None)
+    }
+
+    /// Opens the reader with the broker allowed to hold a fetch for `fetch_wait` at most: what a
+    /// latency measurement needs (the local broker holds a fetch for the whole wait even when
+    /// records are there, and librdkafka's default wait is 500 ms).
+    pub fn open_with_fetch_wait(
+        brokers: &str,
+        topic: &str,
+        fetch_wait: Option<Duration>,
+    ) -> Result<TopicReader> {
         Ok(TopicReader {
-            consumer: reader_from_beginning(brokers, topic)?,
+            consumer: reader_from_beginning(brokers, topic, fetch_wait)?,
             topic: topic.to_owned(),
             messages: Vec::new(),
             ends: BTreeMap::new(),
