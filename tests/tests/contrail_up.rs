@@ -931,6 +931,37 @@ fn contrail_up_with_the_rotation_extension_serves_every_flights_knock_on_predict
         );
         std::thread::sleep(Duration::from_secs(1));
     }
+    // `contrail admin` knows the extension's deployments: `status` lists them after the five, up
+    // and ready, and `--stage rotation` reaches the rotation deployment.
+    let (ok, stdout, stderr) = contrail(&up, &["admin", "status", "--json"]);
+    assert!(ok, "contrail admin status: {stderr}");
+    let rows: Vec<serde_json::Value> = stdout.lines().map(json_of).collect();
+    let stages: Vec<&str> = rows.iter().filter_map(|row| row["stage"].as_str()).collect();
+    assert_eq!(
+        stages,
+        [
+            "ingest",
+            "dedup-state",
+            "cosmos-writer",
+            "changefeed-sync",
+            "delta-archiver",
+            "rotation",
+            "cosmos-predictions"
+        ],
+        "{stdout}"
+    );
+    for (row, binary) in rows[5..].iter().zip(["dedup-state", "cosmos-writer"]) {
+        assert!(row["up"] == true && row["ready"] == true, "{row}");
+        assert_eq!(row["binary"], binary, "{row}");
+    }
+    let (ok, stdout, stderr) = contrail(&up, &["admin", "--stage", "rotation", "status", "--json"]);
+    assert!(ok, "contrail admin --stage rotation status: {stderr}");
+    let rotation = json_of(&stdout);
+    assert_eq!(
+        rotation["address"],
+        format!("http://127.0.0.1:{}", 9195 + up.offset)
+    );
+    assert_eq!(rotation["stage"], "rotation", "{rotation}");
     let runtime = test_runtime();
     let containers = runtime
         .block_on(containers_at(&up.cosmos_endpoint()))

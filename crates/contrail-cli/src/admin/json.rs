@@ -28,9 +28,20 @@ pub(super) fn summary_json(stage: Stage, url: &str, answer: &Result<admin::Statu
     }
 }
 
-/// `answer`'s fields after `fields`; `answer`'s win on a clash (a stage reports its own `stage`).
+/// `answer`'s fields after `fields`; `answer`'s win on a clash, but for `stage`: a stage reports
+/// the binary it runs as its `stage`, and where `fields` name another (an extension's deployment
+/// runs a pipeline stage's binary: `rotation` is dedup-state), `stage` stays the deployment asked
+/// and the report is kept as `binary`. Without a name in `fields` (`--addr` only) the report is
+/// the `stage`.
 pub(super) fn with_fields(mut fields: serde_json::Map<String, Value>, answer: Value) -> Value {
-    if let Value::Object(answer_fields) = answer {
+    if let Value::Object(mut answer_fields) = answer {
+        let asked = fields.get("stage").and_then(Value::as_str);
+        let reported = answer_fields.get("stage").and_then(Value::as_str);
+        if asked.is_some() && reported.is_some() && asked != reported {
+            if let Some(reported) = answer_fields.remove("stage") {
+                fields.insert("binary".to_owned(), reported);
+            }
+        }
         fields.extend(answer_fields);
     }
     Value::Object(fields)
@@ -160,6 +171,27 @@ mod tests {
     use super::super::tests::sample_status;
     use super::*;
     use anyhow::anyhow;
+
+    #[test]
+    fn an_extension_deployment_keeps_its_name_and_reports_its_binary() {
+        let status = admin::StatusResponse {
+            stage: "dedup-state".to_owned(),
+            ..sample_status()
+        };
+        let asked = |stage: Option<Stage>| Target {
+            stage,
+            url: "http://127.0.0.1:9195".to_owned(),
+        };
+        let rotation = with_fields(asked(Some(Stage::Rotation)).json_fields(), status_json(&status));
+        assert_eq!(rotation["stage"], "rotation");
+        assert_eq!(rotation["binary"], "dedup-state");
+        let same = with_fields(asked(Some(Stage::DedupState)).json_fields(), status_json(&status));
+        assert_eq!(same["stage"], "dedup-state");
+        assert!(same.get("binary").is_none(), "{same}");
+        let unnamed = with_fields(asked(None).json_fields(), status_json(&status));
+        assert_eq!(unnamed["stage"], "dedup-state");
+        assert!(unnamed.get("binary").is_none(), "{unnamed}");
+    }
 
     #[test]
     fn status_renders_as_json_with_every_field() {

@@ -30,9 +30,10 @@ use self::target::{Stage, Target, resolve_target};
 /// Options of `contrail admin`.
 #[derive(Args, Debug)]
 pub struct AdminArgs {
-    /// The stage to talk to on this machine: ingest, dedup-state, cosmos-writer, changefeed-sync or
-    /// delta-archiver (its default admin gRPC port on 127.0.0.1: 9090, 9091, 9192, 9193, 9194,
-    /// plus --port-offset). `status` without --stage or --addr asks every stage.
+    /// The stage to talk to on this machine: ingest, dedup-state, cosmos-writer, changefeed-sync,
+    /// delta-archiver, or the knock-on delay extension's rotation and cosmos-predictions (its
+    /// default admin gRPC port on 127.0.0.1: 9090, 9091, 9192, 9193, 9194, 9195, 9196, plus
+    /// --port-offset). `status` without --stage or --addr asks every stage.
     #[arg(long, global = true, value_name = "NAME", value_parser = Stage::from_name)]
     stage: Option<Stage>,
     /// Admin gRPC address of a stage anywhere, e.g. http://dedup-state-0.dedup-state:9091 (http://
@@ -79,7 +80,8 @@ pub struct AdminArgs {
 #[derive(Subcommand, Debug)]
 enum AdminCommand {
     /// What a stage is doing: partitions, offsets, lag, rates, counters, sources and leases.
-    /// Without --stage or --addr: one summary row for each of the five local stages.
+    /// Without --stage or --addr: one summary row for each of the five local stages, and for the
+    /// knock-on delay extension's two when they run.
     Status,
     /// Stop consuming/accepting new work; in-flight work finishes.
     Pause,
@@ -132,12 +134,11 @@ pub async fn run(args: AdminArgs) -> Result<()> {
         if matches!(args.command, AdminCommand::Status) {
             return status_of_every_stage(args.port_offset, authorization, timeout, args.json).await;
         }
-        let valid: Vec<&str> = Stage::ALL.iter().map(|stage| stage.name()).collect();
         bail!(
             "`contrail admin {}` needs a stage: pass --stage NAME (one of {}) or --addr URL \
              (or set CONTRAIL_ADMIN_ADDR)",
             args.command.name(),
-            valid.join(", ")
+            Stage::valid_names()
         );
     };
     let session = AdminSession::connect(target, authorization, timeout).await?;
@@ -263,17 +264,17 @@ pub async fn run(args: AdminArgs) -> Result<()> {
 }
 
 /// `status` without a stage: asks all five local stages at once — and the further instances of
-/// a stage `contrail up --scale` runs (on the stage's ports + 100 per instance), shown when they
-/// answer; a stage whose first instance cannot answer is shown as down with its error instead of
-/// failing the command.
+/// a stage `contrail up --scale` runs (on the stage's ports + 100 per instance) and the knock-on
+/// delay extension's deployments (`contrail up --rotation`), shown when they answer; a pipeline
+/// stage whose first instance cannot answer is shown as down with its error instead of failing
+/// the command.
 async fn status_of_every_stage(
     port_offset: u16,
     authorization: Option<AsciiMetadataValue>,
     timeout: Duration,
     as_json: bool,
 ) -> Result<()> {
-    let places: Vec<(Stage, u16, String)> = Stage::ALL
-        .into_iter()
+    let places: Vec<(Stage, u16, String)> = Stage::every()
         .flat_map(|stage| {
             (0..contrail_common::topology::MAX_LOCAL_INSTANCES).filter_map(move |index| {
                 let url = stage.local_url_of(port_offset, index).ok()?;
@@ -287,8 +288,8 @@ async fn status_of_every_stage(
             stage: Some(*stage),
             url: url.clone(),
         };
-        // Further instances rarely exist: a refused connection says so at once.
-        let timeout = if *index == 0 {
+        // Further instances and the extension rarely exist: a refused connection says so at once.
+        let timeout = if shown_when_down(*stage, *index) {
             timeout
         } else {
             timeout.min(Duration::from_secs(2))
@@ -302,7 +303,7 @@ async fn status_of_every_stage(
     let stages_and_answers: Vec<(Stage, String, Result<admin::StatusResponse>)> = places
         .into_iter()
         .zip(answers)
-        .filter(|((_, index, _), answer)| *index == 0 || answer.is_ok())
+        .filter(|((stage, index, _), answer)| shown_when_down(*stage, *index) || answer.is_ok())
         .map(|((stage, _, url), answer)| (stage, url, answer))
         .collect();
     if as_json {
@@ -353,6 +354,13 @@ async fn status_of_every_stage(
     print_out(&output)
 }
 
+/// Whether `status` shows instance `index` of `stage` as down when it does not answer: the first
+/// instance of each pipeline stage; further instances and the extension's deployments run only
+/// when `contrail up` was asked for them.
+fn shown_when_down(stage: Stage, index: u16) -> bool {
+    index == 0 && Stage::ALL.contains(&stage)
+}
+
 /// Writes `text` and a newline to stdout; a closed pipe (`| head`) is an error, not a panic.
 fn print_out(text: &str) -> Result<()> {
     let mut stdout = std::io::stdout().lock();
@@ -382,6 +390,18 @@ pub(super) mod tests {
         use clap::Parser;
         let TestCommand::Admin(admin_args) = TestCli::try_parse_from(arguments)?.command;
         Ok(admin_args)
+    }
+
+    #[test]
+    fn status_shows_a_pipeline_stage_down_but_leaves_out_what_need_not_run() {
+        for stage in Stage::ALL {
+            assert!(shown_when_down(stage, 0), "{}", stage.name());
+            assert!(!shown_when_down(stage, 1), "{}", stage.name());
+        }
+        for stage in Stage::EXTENSIONS {
+            assert!(!shown_when_down(stage, 0), "{}", stage.name());
+        }
+        assert_eq!(Stage::every().count(), 7);
     }
 
     #[test]

@@ -10,8 +10,13 @@ use super::target::Target;
 
 /// The full status of one stage: header fields, then partitions, counters, sources and leases.
 pub(super) fn render_status(target: &Target, status: &admin::StatusResponse) -> String {
+    // An extension's deployment runs a pipeline stage's binary: name both (as `--json` does).
+    let stage = match target.stage.map(|stage| stage.name()) {
+        Some(asked) if asked != status.stage => format!("{asked} ({})", status.stage),
+        _ => status.stage.clone(),
+    };
     let mut sections = vec![key_value_lines(&[
-        ("stage", status.stage.clone()),
+        ("stage", stage),
         ("version", status.version.clone()),
         ("instance", status.instance.clone()),
         ("address", target.url.clone()),
@@ -277,6 +282,25 @@ mod tests {
     use super::super::target::Stage;
     use super::super::tests::sample_status;
     use super::*;
+
+    #[test]
+    fn an_extension_deployment_is_named_with_its_binary() {
+        let status = admin::StatusResponse {
+            stage: "dedup-state".to_owned(),
+            ..sample_status()
+        };
+        let target = |stage| Target {
+            stage: Some(stage),
+            url: "http://127.0.0.1:9195".to_owned(),
+        };
+        let rotation = render_status(&target(Stage::Rotation), &status);
+        assert!(
+            rotation.contains("stage      rotation (dedup-state)\n"),
+            "{rotation}"
+        );
+        let pipeline = render_status(&target(Stage::DedupState), &status);
+        assert!(pipeline.contains("stage      dedup-state\n"), "{pipeline}");
+    }
 
     #[test]
     fn full_status_lists_partitions_and_sorted_counters() {

@@ -13,10 +13,14 @@ pub(super) enum Stage {
     CosmosWriter,
     ChangefeedSync,
     DeltaArchiver,
+    /// The knock-on delay extension's dedup-state deployment (`processor = "rotation"`).
+    Rotation,
+    /// The knock-on delay extension's cosmos-writer deployment (`input = "predictions"`).
+    CosmosPredictions,
 }
 
 impl Stage {
-    /// Every stage, in pipeline order (the order of the `status` summary).
+    /// The five pipeline stages, in pipeline order (the order of the `status` summary).
     pub(super) const ALL: [Stage; 5] = [
         Stage::Ingest,
         Stage::DedupState,
@@ -24,6 +28,21 @@ impl Stage {
         Stage::ChangefeedSync,
         Stage::DeltaArchiver,
     ];
+
+    /// The knock-on delay extension's deployments (`contrail up --rotation`), after the five in
+    /// the `status` summary, shown when they answer.
+    pub(super) const EXTENSIONS: [Stage; 2] = [Stage::Rotation, Stage::CosmosPredictions];
+
+    /// Every stage `--stage` accepts: the five, then the extension's.
+    pub(super) fn every() -> impl Iterator<Item = Stage> {
+        Stage::ALL.into_iter().chain(Stage::EXTENSIONS)
+    }
+
+    /// The names `--stage` accepts, comma-separated, for messages.
+    pub(super) fn valid_names() -> String {
+        let names: Vec<&str> = Stage::every().map(Stage::name).collect();
+        names.join(", ")
+    }
 
     /// Its name and default ports.
     fn spec(self) -> StageSpec {
@@ -33,6 +52,8 @@ impl Stage {
             Stage::CosmosWriter => topology::COSMOS_WRITER,
             Stage::ChangefeedSync => topology::CHANGEFEED_SYNC,
             Stage::DeltaArchiver => topology::DELTA_ARCHIVER,
+            Stage::Rotation => topology::ROTATION,
+            Stage::CosmosPredictions => topology::COSMOS_PREDICTIONS,
         }
     }
 
@@ -43,13 +64,9 @@ impl Stage {
 
     /// Parses a `--stage` value; the error names the bad value and lists the valid ones.
     pub(super) fn from_name(name: &str) -> Result<Stage, String> {
-        Stage::ALL
-            .into_iter()
+        Stage::every()
             .find(|stage| stage.name() == name)
-            .ok_or_else(|| {
-                let valid: Vec<&str> = Stage::ALL.iter().map(|stage| stage.name()).collect();
-                format!("unknown stage {name:?}: expected one of {}", valid.join(", "))
-            })
+            .ok_or_else(|| format!("unknown stage {name:?}: expected one of {}", Stage::valid_names()))
     }
 
     /// `http://127.0.0.1:PORT` of the stage's admin API with every port shifted by `port_offset`.
@@ -140,6 +157,8 @@ mod tests {
             ("cosmos-writer", "http://127.0.0.1:9192"),
             ("changefeed-sync", "http://127.0.0.1:9193"),
             ("delta-archiver", "http://127.0.0.1:9194"),
+            ("rotation", "http://127.0.0.1:9195"),
+            ("cosmos-predictions", "http://127.0.0.1:9196"),
         ];
         for (name, url) in expected {
             let stage = Stage::from_name(name).expect("a valid stage name");
@@ -171,8 +190,16 @@ mod tests {
     fn bad_stage_name_is_named_with_the_valid_ones() {
         let error = Stage::from_name("dedup").expect_err("not a stage");
         assert!(error.contains("\"dedup\""), "{error}");
-        for stage in Stage::ALL {
-            assert!(error.contains(stage.name()), "{error} lacks {}", stage.name());
+        for name in [
+            "ingest",
+            "dedup-state",
+            "cosmos-writer",
+            "changefeed-sync",
+            "delta-archiver",
+            "rotation",
+            "cosmos-predictions",
+        ] {
+            assert!(error.contains(name), "{error} lacks {name}");
         }
         assert!(Stage::from_name("Ingest").is_err(), "names are case-sensitive");
     }
