@@ -37,10 +37,9 @@ pub(super) fn with_fields(mut fields: serde_json::Map<String, Value>, answer: Va
     if let Value::Object(mut answer_fields) = answer {
         let asked = fields.get("stage").and_then(Value::as_str);
         let reported = answer_fields.get("stage").and_then(Value::as_str);
-        if asked.is_some() && reported.is_some() && asked != reported {
-            if let Some(reported) = answer_fields.remove("stage") {
-                fields.insert("binary".to_owned(), reported);
-            }
+        let another = matches!((asked, reported), (Some(asked), Some(reported)) if asked != reported);
+        if another && let Some(reported) = answer_fields.remove("stage") {
+            fields.insert("binary".to_owned(), reported);
         }
         fields.extend(answer_fields);
     }
