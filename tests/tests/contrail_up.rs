@@ -958,8 +958,8 @@ fn contrail_up_with_the_rotation_extension_serves_every_flights_knock_on_predict
     assert!(ok, "contrail admin --stage rotation status: {stderr}");
     let rotation = json_of(&stdout);
     assert_eq!(
-        rotation["address"],
-        format!("http://127.0.0.1:{}", 9195 + up.offset)
+        rotation["address"], admin[2],
+        "the rotation deployment's admin port"
     );
     assert_eq!(rotation["stage"], "rotation", "{rotation}");
     let runtime = test_runtime();

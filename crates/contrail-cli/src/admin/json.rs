@@ -15,9 +15,11 @@ pub(super) fn summary_json(stage: Stage, url: &str, answer: &Result<admin::Statu
     };
     match answer {
         Ok(status) => {
-            let mut fields = target.json_fields();
-            fields.insert("up".to_owned(), json!(true));
-            with_fields(fields, status_json(status))
+            let mut row = with_fields(&target, status_json(status));
+            if let Value::Object(fields) = &mut row {
+                fields.insert("up".to_owned(), json!(true));
+            }
+            row
         }
         Err(error) => {
             let mut fields = target.json_fields();
@@ -28,18 +30,21 @@ pub(super) fn summary_json(stage: Stage, url: &str, answer: &Result<admin::Statu
     }
 }
 
-/// `answer`'s fields after `fields`; `answer`'s win on a clash, but for `stage`: a stage reports
-/// the binary it runs as its `stage`, and where `fields` name another (an extension's deployment
-/// runs a pipeline stage's binary: `rotation` is dedup-state), `stage` stays the deployment asked
-/// and the report is kept as `binary`. Without a name in `fields` (`--addr` only) the report is
-/// the `stage`.
-pub(super) fn with_fields(mut fields: serde_json::Map<String, Value>, answer: Value) -> Value {
+/// `target`'s `stage` and `address`, then `answer`'s fields, which win on a clash (a stage reports
+/// its own `stage`) — but for an extension's deployment, which runs a pipeline stage's binary
+/// (`rotation` is dedup-state): its `stage` stays the deployment's name and the report is kept as
+/// `binary`.
+pub(super) fn with_fields(target: &Target, answer: Value) -> Value {
+    let mut fields = target.json_fields();
     if let Value::Object(mut answer_fields) = answer {
-        let asked = fields.get("stage").and_then(Value::as_str);
-        let reported = answer_fields.get("stage").and_then(Value::as_str);
-        let another = matches!((asked, reported), (Some(asked), Some(reported)) if asked != reported);
-        if another && let Some(reported) = answer_fields.remove("stage") {
-            fields.insert("binary".to_owned(), reported);
+        let binary = answer_fields
+            .get("stage")
+            .and_then(Value::as_str)
+            .and_then(|reported| target.extension_binary(reported))
+            .map(str::to_owned);
+        if let Some(binary) = binary {
+            answer_fields.remove("stage");
+            fields.insert("binary".to_owned(), json!(binary));
         }
         fields.extend(answer_fields);
     }
@@ -181,15 +186,19 @@ mod tests {
             stage,
             url: "http://127.0.0.1:9195".to_owned(),
         };
-        let rotation = with_fields(asked(Some(Stage::Rotation)).json_fields(), status_json(&status));
+        let rotation = with_fields(&asked(Some(Stage::Rotation)), status_json(&status));
         assert_eq!(rotation["stage"], "rotation");
         assert_eq!(rotation["binary"], "dedup-state");
-        let same = with_fields(asked(Some(Stage::DedupState)).json_fields(), status_json(&status));
+        let same = with_fields(&asked(Some(Stage::DedupState)), status_json(&status));
         assert_eq!(same["stage"], "dedup-state");
         assert!(same.get("binary").is_none(), "{same}");
-        let unnamed = with_fields(asked(None).json_fields(), status_json(&status));
+        let unnamed = with_fields(&asked(None), status_json(&status));
         assert_eq!(unnamed["stage"], "dedup-state");
         assert!(unnamed.get("binary").is_none(), "{unnamed}");
+        // A deployment of another binary than the one asked for: what answered is the stage.
+        let mistaken = with_fields(&asked(Some(Stage::CosmosPredictions)), status_json(&status));
+        assert_eq!(mistaken["stage"], "dedup-state");
+        assert!(mistaken.get("binary").is_none(), "{mistaken}");
     }
 
     #[test]
@@ -199,7 +208,7 @@ mod tests {
             stage: Some(Stage::DedupState),
             url: "http://127.0.0.1:9091".to_owned(),
         };
-        let rendered = with_fields(target.json_fields(), status_json(&status));
+        let rendered = with_fields(&target, status_json(&status));
         // One line, parseable: what `--json` prints.
         let line = rendered.to_string();
         assert!(!line.contains('\n'));

@@ -147,7 +147,7 @@ pub async fn run(args: AdminArgs) -> Result<()> {
         AdminCommand::Status => {
             let status = session.status().await?;
             if args.json {
-                with_fields(session.target.json_fields(), status_json(&status)).to_string()
+                with_fields(&session.target, status_json(&status)).to_string()
             } else {
                 render_status(&session.target, &status)
             }
@@ -158,7 +158,7 @@ pub async fn run(args: AdminArgs) -> Result<()> {
                 .await?;
             if args.json {
                 let answer = json!({ "paused": response.paused });
-                with_fields(session.target.json_fields(), answer).to_string()
+                with_fields(&session.target, answer).to_string()
             } else {
                 let state = if response.paused { "paused" } else { "not paused" };
                 format!("{}: {state}", session.target.name())
@@ -170,7 +170,7 @@ pub async fn run(args: AdminArgs) -> Result<()> {
                 .await?;
             if args.json {
                 let answer = json!({ "paused": response.paused });
-                with_fields(session.target.json_fields(), answer).to_string()
+                with_fields(&session.target, answer).to_string()
             } else {
                 let state = if response.paused {
                     "still paused"
@@ -187,7 +187,7 @@ pub async fn run(args: AdminArgs) -> Result<()> {
                 .await?;
             if args.json {
                 let answer = json!({ "epoch": response.epoch });
-                with_fields(session.target.json_fields(), answer).to_string()
+                with_fields(&session.target, answer).to_string()
             } else {
                 format!("{}: checkpoint epoch {}", session.target.name(), response.epoch)
             }
@@ -202,7 +202,7 @@ pub async fn run(args: AdminArgs) -> Result<()> {
             if args.json {
                 let answer =
                     json!({ "checkpoints": checkpoints.iter().map(checkpoint_json).collect::<Vec<_>>() });
-                with_fields(session.target.json_fields(), answer).to_string()
+                with_fields(&session.target, answer).to_string()
             } else {
                 render_checkpoints(&session.target, &checkpoints)
             }
@@ -218,7 +218,7 @@ pub async fn run(args: AdminArgs) -> Result<()> {
                     "accepted": response.accepted,
                     "message": response.message,
                 });
-                with_fields(session.target.json_fields(), answer).to_string()
+                with_fields(&session.target, answer).to_string()
             } else {
                 let accepted = if response.accepted { "yes" } else { "no" };
                 format!("accepted: {accepted}\nmessage:  {}", response.message)
@@ -238,7 +238,7 @@ pub async fn run(args: AdminArgs) -> Result<()> {
                 .answer("ReadKeyState", client.read_key_state(request))
                 .await?;
             if args.json {
-                with_fields(session.target.json_fields(), key_state_json(&key, &response)).to_string()
+                with_fields(&session.target, key_state_json(&key, &response)).to_string()
             } else {
                 render_key_state(&key, &response)
             }
@@ -249,7 +249,7 @@ pub async fn run(args: AdminArgs) -> Result<()> {
                 .await?;
             if args.json {
                 let answer = json!({ "draining": response.draining });
-                with_fields(session.target.json_fields(), answer).to_string()
+                with_fields(&session.target, answer).to_string()
             } else if response.draining {
                 format!(
                     "{}: draining (it finishes in-flight work, commits and exits)",
@@ -265,9 +265,9 @@ pub async fn run(args: AdminArgs) -> Result<()> {
 
 /// `status` without a stage: asks all five local stages at once — and the further instances of
 /// a stage `contrail up --scale` runs (on the stage's ports + 100 per instance) and the knock-on
-/// delay extension's deployments (`contrail up --rotation`), shown when they answer; a pipeline
-/// stage whose first instance cannot answer is shown as down with its error instead of failing
-/// the command.
+/// delay extension's deployments (`contrail up --rotation`), which are left out where nothing
+/// listens on their port; a stage that cannot answer is shown as down with its error instead of
+/// failing the command.
 async fn status_of_every_stage(
     port_offset: u16,
     authorization: Option<AsciiMetadataValue>,
@@ -288,23 +288,25 @@ async fn status_of_every_stage(
             stage: Some(*stage),
             url: url.clone(),
         };
-        // Further instances and the extension rarely exist: a refused connection says so at once.
-        let timeout = if shown_when_down(*stage, *index) {
-            timeout
-        } else {
-            timeout.min(Duration::from_secs(2))
-        };
+        let optional = !shown_when_down(*stage, *index);
         async move {
-            let session = AdminSession::connect(target, authorization, timeout).await?;
-            session.status().await
+            // Nothing listening (a refused connection says so at once): not running, left out.
+            // Whatever listens is asked, and shown as down if it does not answer.
+            if optional && !listens(&target.url, timeout).await {
+                return None;
+            }
+            let answer = async {
+                let session = AdminSession::connect(target, authorization, timeout).await?;
+                session.status().await
+            };
+            Some(answer.await)
         }
     });
     let answers = futures::future::join_all(probes).await;
     let stages_and_answers: Vec<(Stage, String, Result<admin::StatusResponse>)> = places
         .into_iter()
         .zip(answers)
-        .filter(|((stage, index, _), answer)| shown_when_down(*stage, *index) || answer.is_ok())
-        .map(|((stage, _, url), answer)| (stage, url, answer))
+        .filter_map(|((stage, _, url), answer)| Some((stage, url, answer?)))
         .collect();
     if as_json {
         let lines: Vec<String> = stages_and_answers
@@ -354,11 +356,20 @@ async fn status_of_every_stage(
     print_out(&output)
 }
 
-/// Whether `status` shows instance `index` of `stage` as down when it does not answer: the first
-/// instance of each pipeline stage; further instances and the extension's deployments run only
-/// when `contrail up` was asked for them.
+/// Whether `status` shows instance `index` of `stage` as down even when nothing listens on its
+/// port: the first instance of each pipeline stage; further instances and the extension's
+/// deployments run only when `contrail up` was asked for them.
 fn shown_when_down(stage: Stage, index: u16) -> bool {
     index == 0 && Stage::ALL.contains(&stage)
+}
+
+/// Whether something accepts TCP connections at `url` (`http://127.0.0.1:PORT`) within `timeout`.
+async fn listens(url: &str, timeout: Duration) -> bool {
+    let Some(address) = url.strip_prefix("http://") else {
+        return false;
+    };
+    let connect = tokio::net::TcpStream::connect(address.to_owned());
+    matches!(tokio::time::timeout(timeout, connect).await, Ok(Ok(_)))
 }
 
 /// Writes `text` and a newline to stdout; a closed pipe (`| head`) is an error, not a panic.

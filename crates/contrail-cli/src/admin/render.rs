@@ -11,9 +11,9 @@ use super::target::Target;
 /// The full status of one stage: header fields, then partitions, counters, sources and leases.
 pub(super) fn render_status(target: &Target, status: &admin::StatusResponse) -> String {
     // An extension's deployment runs a pipeline stage's binary: name both (as `--json` does).
-    let stage = match target.stage.map(|stage| stage.name()) {
-        Some(asked) if asked != status.stage => format!("{asked} ({})", status.stage),
-        _ => status.stage.clone(),
+    let stage = match target.extension_binary(&status.stage) {
+        Some(binary) => format!("{} ({binary})", target.name()),
+        None => status.stage.clone(),
     };
     let mut sections = vec![key_value_lines(&[
         ("stage", stage),

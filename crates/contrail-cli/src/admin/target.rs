@@ -104,6 +104,14 @@ impl Target {
         }
     }
 
+    /// The binary the stage at this target reports (`reported`) when the target names an
+    /// extension's deployment of it (`rotation` runs `dedup-state`); `None` for a pipeline stage,
+    /// an unnamed target, or a report of another binary than the deployment runs.
+    pub(super) fn extension_binary<'a>(&self, reported: &'a str) -> Option<&'a str> {
+        let stage = self.stage?;
+        (stage.name() != reported && stage.spec().binary == reported).then_some(reported)
+    }
+
     /// "dedup-state admin API at http://…", for connection errors.
     pub(super) fn describe_api(&self) -> String {
         match self.stage {
