@@ -33,7 +33,7 @@ use contrail_proto::v1::FlightState;
 use contrail_testkit::dedup::{
     DedupOptions, DedupTopics, DedupUnderTest, produce_events, replay_events, start_dedup_state,
 };
-use contrail_testkit::{Broker, TopicReader, create_topics, http_get, read_topic};
+use contrail_testkit::{Broker, TopicReader, create_topics, http_get, read_topic, test_producer};
 use prost::Message as _;
 use rdkafka::Message as _;
 use rdkafka::config::ClientConfig;
@@ -59,6 +59,10 @@ struct Args {
     /// CPU).
     #[arg(long)]
     threads: Option<usize>,
+    /// Start the latency phase with a cold producer (no warm-up record, no metadata look-up
+    /// before the first slice): what the phase measured before 2026-12-03.
+    #[arg(long)]
+    cold_producer: bool,
 }
 
 /// What the pass-through baseline measured.
@@ -146,6 +150,22 @@ fn pass_through(broker: &Broker, raw: &str, expected: usize) -> Result<PassThrou
         broker_cpu_us_per_event: (process_cpu_seconds(broker.pid()) - broker_cpu) * 1e6 / read as f64,
         outputs: produced,
     })
+}
+
+/// A producer with its connection, producer id and `topic`'s metadata in place: one record sent
+/// to a topic of its own and flushed, then `topic`'s metadata read.
+fn warm_producer(brokers: &str, topic: &str) -> Result<ThreadedProducer<DefaultProducerContext>> {
+    let producer = test_producer(brokers)?;
+    let warm_up = format!("{topic}-warm-up");
+    create_topics(brokers, &[&warm_up], 1)?;
+    producer
+        .send(BaseRecord::<(), [u8]>::to(&warm_up).payload(&b"warm-up"[..]))
+        .map_err(|(error, _)| error)?;
+    producer.flush(Duration::from_secs(30))?;
+    producer
+        .client()
+        .fetch_metadata(Some(topic), Duration::from_secs(10))?;
+    Ok(producer)
 }
 
 fn timestamp_ms(message: &rdkafka::message::OwnedMessage) -> Option<i64> {
@@ -343,41 +363,39 @@ fn main() -> Result<()> {
     let ages_before = histogram_buckets(&http_get(&format!("{}/metrics", stage.http_url))?, age_metric);
     // One producer for the whole phase (a producer per slice would cost a connection each),
     // warmed up before the phase starts: its first records would otherwise wait for its
-    // connection and producer id while their timestamps run (the first slice, 1 % of the phase,
-    // was the whole p99 before).
-    let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
-        .set("bootstrap.servers", &broker.address)
-        .set("enable.idempotence", "true")
-        .set("linger.ms", "5")
-        .create()?;
-    let warm_up = format!("{}-warm-up", topics.raw);
-    create_topics(&broker.address, &[&warm_up], 1)?;
-    producer
-        .send(BaseRecord::<(), [u8]>::to(&warm_up).payload(&b"warm-up"[..]))
-        .map_err(|(error, _)| error)?;
-    producer.flush(Duration::from_secs(30))?;
+    // connection, producer id and the topic's metadata while their create-time stamps run.
+    // `--cold-producer`: created as the phase starts, as before 2026-12-03.
+    let warm = if args.cold_producer {
+        None
+    } else {
+        Some(warm_producer(&broker.address, &topics.raw)?)
+    };
     // The broker's own latency, as a baseline: a plain reader of the raw topic, past the backlog
     // before the phase starts and fetching as the stage does (at most 100 ms of fetch wait),
     // stamps each live record when it receives it (10 ms resolution).
-    let mut reader =
-        TopicReader::open_with_fetch_wait(&broker.address, &topics.raw, Some(Duration::from_millis(100)))?;
-    reader.read_at_least(backlog.len(), Duration::from_secs(300))?;
+    let mut baseline_reader =
+        TopicReader::open_with_fetch_wait(&broker.address, &topics.raw, Duration::from_millis(100))?;
+    baseline_reader.read_at_least(backlog.len(), Duration::from_secs(300))?;
     let live_start_ms = chrono::Utc::now().timestamp_millis();
+    let producer = match warm {
+        Some(warm) => warm,
+        None => test_producer(&broker.address)?,
+    };
     let reading = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let reader = {
+    let baseline_thread = {
         let reading = reading.clone();
         std::thread::spawn(move || -> Result<Vec<f64>> {
             let mut latencies = Vec::new();
-            let mut stamped = reader.messages().len();
+            let mut stamped = baseline_reader.messages().len();
             while reading.load(std::sync::atomic::Ordering::Relaxed) {
-                reader.poll_for(Duration::from_millis(10))?;
+                baseline_reader.poll_for(Duration::from_millis(10))?;
                 let now_ms = chrono::Utc::now().timestamp_millis();
-                for message in &reader.messages()[stamped..] {
+                for message in &baseline_reader.messages()[stamped..] {
                     if let Some(appended) = timestamp_ms(message).filter(|ms| *ms >= live_start_ms) {
                         latencies.push((now_ms - appended) as f64);
                     }
                 }
-                stamped = reader.messages().len();
+                stamped = baseline_reader.messages().len();
             }
             Ok(latencies)
         })
@@ -431,7 +449,7 @@ fn main() -> Result<()> {
     );
     std::thread::sleep(Duration::from_millis(500));
     reading.store(false, std::sync::atomic::Ordering::Relaxed);
-    let mut plain = reader
+    let mut plain = baseline_thread
         .join()
         .map_err(|_| anyhow::anyhow!("the raw reader panicked"))??;
     plain.sort_by(f64::total_cmp);

@@ -86,17 +86,17 @@ pub struct TopicReader {
 impl TopicReader {
     /// Opens the reader (fails if the topic does not exist).
     pub fn open(brokers: &str, topic: &str) -> Result<TopicReader> {
-        Self::open_with_fetch_wait(brokers, topic, None)
+        Self::open_as(brokers, topic, None)
     }
 
     /// Opens the reader with the broker allowed to hold a fetch for `fetch_wait` at most: what a
     /// latency measurement needs (the local broker holds a fetch for the whole wait even when
     /// records are there, and librdkafka's default wait is 500 ms).
-    pub fn open_with_fetch_wait(
-        brokers: &str,
-        topic: &str,
-        fetch_wait: Option<Duration>,
-    ) -> Result<TopicReader> {
+    pub fn open_with_fetch_wait(brokers: &str, topic: &str, fetch_wait: Duration) -> Result<TopicReader> {
+        Self::open_as(brokers, topic, Some(fetch_wait))
+    }
+
+    fn open_as(brokers: &str, topic: &str, fetch_wait: Option<Duration>) -> Result<TopicReader> {
         Ok(TopicReader {
             consumer: reader_from_beginning(brokers, topic, fetch_wait)?,
             topic: topic.to_owned(),
