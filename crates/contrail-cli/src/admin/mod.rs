@@ -25,7 +25,7 @@ use self::json::{checkpoint_json, key_state_json, status_json, summary_json, tot
 use self::render::{format_uptime, render_checkpoints, render_key_state, render_status, yes_no};
 use self::session::{AdminSession, AdminToken};
 use self::table::{Align, Table};
-use self::target::{Stage, Target, resolve_target};
+use self::target::{Stage, Target, local_url, resolve_target};
 
 /// Options of `contrail admin`.
 #[derive(Args, Debug)]
@@ -274,25 +274,24 @@ async fn status_of_every_stage(
     timeout: Duration,
     as_json: bool,
 ) -> Result<()> {
-    let places: Vec<(Stage, u16, String)> = Stage::every()
+    let places: Vec<(Stage, u16, u16)> = Stage::every()
         .flat_map(|stage| {
             (0..contrail_common::topology::MAX_LOCAL_INSTANCES).filter_map(move |index| {
-                let url = stage.local_url_of(port_offset, index).ok()?;
-                Some((stage, index, url))
+                let port = stage.local_port_of(port_offset, index).ok()?;
+                Some((stage, index, port))
             })
         })
         .collect();
-    let probes = places.iter().map(|(stage, index, url)| {
+    let probes = places.iter().map(|&(stage, index, port)| {
         let authorization = authorization.clone();
         let target = Target {
-            stage: Some(*stage),
-            url: url.clone(),
+            stage: Some(stage),
+            url: local_url(port),
         };
-        let optional = !shown_when_down(*stage, *index);
         async move {
             // Nothing listening (a refused connection says so at once): not running, left out.
             // Whatever listens is asked, and shown as down if it does not answer.
-            if optional && !listens(&target.url, timeout).await {
+            if !always_shown(stage, index) && !listens(port, timeout).await {
                 return None;
             }
             let answer = async {
@@ -306,7 +305,7 @@ async fn status_of_every_stage(
     let stages_and_answers: Vec<(Stage, String, Result<admin::StatusResponse>)> = places
         .into_iter()
         .zip(answers)
-        .filter_map(|((stage, _, url), answer)| Some((stage, url, answer?)))
+        .filter_map(|((stage, _, port), answer)| Some((stage, local_url(port), answer?)))
         .collect();
     if as_json {
         let lines: Vec<String> = stages_and_answers
@@ -356,19 +355,16 @@ async fn status_of_every_stage(
     print_out(&output)
 }
 
-/// Whether `status` shows instance `index` of `stage` as down even when nothing listens on its
+/// Whether `status` shows instance `index` of `stage` (as down) even when nothing listens on its
 /// port: the first instance of each pipeline stage; further instances and the extension's
 /// deployments run only when `contrail up` was asked for them.
-fn shown_when_down(stage: Stage, index: u16) -> bool {
+fn always_shown(stage: Stage, index: u16) -> bool {
     index == 0 && Stage::ALL.contains(&stage)
 }
 
-/// Whether something accepts TCP connections at `url` (`http://127.0.0.1:PORT`) within `timeout`.
-async fn listens(url: &str, timeout: Duration) -> bool {
-    let Some(address) = url.strip_prefix("http://") else {
-        return false;
-    };
-    let connect = tokio::net::TcpStream::connect(address.to_owned());
+/// Whether something accepts TCP connections on `127.0.0.1:port` within `timeout`.
+async fn listens(port: u16, timeout: Duration) -> bool {
+    let connect = tokio::net::TcpStream::connect(("127.0.0.1", port));
     matches!(tokio::time::timeout(timeout, connect).await, Ok(Ok(_)))
 }
 
@@ -406,13 +402,22 @@ pub(super) mod tests {
     #[test]
     fn status_shows_a_pipeline_stage_down_but_leaves_out_what_need_not_run() {
         for stage in Stage::ALL {
-            assert!(shown_when_down(stage, 0), "{}", stage.name());
-            assert!(!shown_when_down(stage, 1), "{}", stage.name());
+            assert!(always_shown(stage, 0), "{}", stage.name());
+            assert!(!always_shown(stage, 1), "{}", stage.name());
         }
         for stage in Stage::EXTENSIONS {
-            assert!(!shown_when_down(stage, 0), "{}", stage.name());
+            assert!(!always_shown(stage, 0), "{}", stage.name());
         }
         assert_eq!(Stage::every().count(), 7);
+    }
+
+    #[tokio::test]
+    async fn a_port_listens_while_something_accepts_on_it() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let port = listener.local_addr().expect("address").port();
+        assert!(listens(port, Duration::from_secs(5)).await);
+        drop(listener);
+        assert!(!listens(port, Duration::from_secs(5)).await);
     }
 
     #[test]

@@ -30,7 +30,7 @@ impl Stage {
     ];
 
     /// The knock-on delay extension's deployments (`contrail up --rotation`), after the five in
-    /// the `status` summary, shown when they answer.
+    /// the `status` summary, shown when something listens on their ports.
     pub(super) const EXTENSIONS: [Stage; 2] = [Stage::Rotation, Stage::CosmosPredictions];
 
     /// Every stage `--stage` accepts: the five, then the extension's.
@@ -77,6 +77,11 @@ impl Stage {
     /// [`Stage::local_url`] of instance `index` of the stage on this machine (`contrail up
     /// --scale`: the default ports + 100 per instance).
     pub(super) fn local_url_of(self, port_offset: u16, index: u16) -> Result<String> {
+        Ok(local_url(self.local_port_of(port_offset, index)?))
+    }
+
+    /// The admin port of instance `index` of the stage on this machine, shifted by `port_offset`.
+    pub(super) fn local_port_of(self, port_offset: u16, index: u16) -> Result<u16> {
         let default_port = self.spec().grpc_of(index);
         let Some(port) = default_port.checked_add(port_offset) else {
             bail!(
@@ -84,8 +89,13 @@ impl Stage {
                 self.name()
             );
         };
-        Ok(format!("http://127.0.0.1:{port}"))
+        Ok(port)
     }
+}
+
+/// `http://127.0.0.1:PORT`: an admin API on this machine.
+pub(super) fn local_url(port: u16) -> String {
+    format!("http://127.0.0.1:{port}")
 }
 
 /// One admin API to call: its URL, and the stage it belongs to when known.
