@@ -150,6 +150,20 @@ fn assert_one_row_each(root: &Path, work: &Path, expected: &Expected) -> BTreeMa
     reports
 }
 
+/// The versions on the curated topic, per flight, in topic order.
+fn curated_versions(brokers: &str, topics: &DedupTopics, accepted: usize) -> BTreeMap<String, Vec<u64>> {
+    use prost::Message as _;
+    use rdkafka::Message as _;
+    let states = read_topic(brokers, &topics.curated, accepted, Duration::from_secs(60)).expect("curated");
+    let mut versions: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    for message in &states {
+        let state =
+            contrail_proto::v1::FlightState::decode(message.payload().unwrap_or_default()).expect("state");
+        versions.entry(state.flight_key).or_default().push(state.version);
+    }
+    versions
+}
+
 fn no_duplicates() -> ReplayConfig {
     ReplayConfig {
         duplicate_rate: 0.0,
@@ -158,17 +172,19 @@ fn no_duplicates() -> ReplayConfig {
     }
 }
 
-/// DESIGN §3.7: a DELAYED correction three days after its flight's last event — its state long
-/// expired, its tombstone kept — is late (`expired`) and changes nothing: no version 1 of a
-/// second life, on the curated topic or anywhere after it.
+/// A flight's lifetime (docs/CONTRACT.md): a DELAYED correction three days after its flight —
+/// the shard watermark past the flight's horizon (48 h after its service date's end), its record
+/// still kept — is late (`expired`) and changes nothing: no version 1 of a second life, on the
+/// curated topic or anywhere after it.
 #[test]
 fn a_correction_days_after_a_flight_expired_is_late_and_its_versions_never_restart() {
     let broker = shared_broker();
     let topics = one_partition_topics(&broker.address);
     let dir = test_dir("eo-expired");
     // A real flight of 1 January, then the flights of 3 January in the same partition: the shard
-    // moves more than state_ttl (48 h) past the flight, and less than dedup_ttl (72 h), so the
-    // flight is a tombstone when its correction arrives.
+    // watermark moves past the flight's horizon (state_ttl after the end of 1 January, or after
+    // its last event if later) but not past its record's expiry (dedup_ttl after the same), so
+    // the flight is expired and still readable when its correction arrives.
     let first_day = replay_events((1, 1), (1, 1), no_duplicates());
     let flight_key = first_day[0].flight_key.clone();
     let flight: Vec<OperationalEvent> = first_day
@@ -191,11 +207,15 @@ fn a_correction_days_after_a_flight_expired_is_late_and_its_versions_never_resta
         .max()
         .expect("events");
     let hour = 3_600_000_000;
-    let gap = newest - last_of_flight;
+    // 2013-01-02T00:00:00Z, by hand: the end of the flight's service date.
+    let service_end = 15_707 * 24 * hour;
+    let lived_from = service_end.max(last_of_flight);
+    let watermark = newest - hour;
     assert!(
-        gap > 49 * hour && gap < 73 * hour,
-        "the shard watermark (newest − 1 h) is past state_ttl and within dedup_ttl of the flight: {} h",
-        gap / hour
+        watermark >= lived_from + 48 * hour && watermark < lived_from + 72 * hour,
+        "the shard watermark is past the flight's horizon and within its record's expiry: {} h after {}",
+        (watermark - lived_from) / hour,
+        lived_from
     );
     let mut correction = flight[0].clone();
     correction.event_id = format!("{flight_key}-correction-delay");
@@ -225,24 +245,9 @@ fn a_correction_days_after_a_flight_expired_is_late_and_its_versions_never_resta
     assert_eq!(expected.accepted[&flight_key].len(), flight.len());
     check_dedup_outputs(&broker.address, &topics, &expected, accepted);
     // Said once more in the terms of the scenario: the flight's states are versions 1..n, once.
-    let states = read_topic(
-        &broker.address,
-        &topics.curated,
-        accepted,
-        Duration::from_secs(60),
-    )
-    .expect("curated");
-    let versions: Vec<u64> = states
-        .iter()
-        .filter_map(|message| {
-            use prost::Message as _;
-            use rdkafka::Message as _;
-            let state = contrail_proto::v1::FlightState::decode(message.payload()?).ok()?;
-            (state.flight_key == flight_key).then_some(state.version)
-        })
-        .collect();
+    let versions = curated_versions(&broker.address, &topics, accepted);
     assert_eq!(
-        versions,
+        versions.get(&flight_key).cloned().unwrap_or_default(),
         (1..=flight.len() as u64).collect::<Vec<_>>(),
         "{flight_key}"
     );
@@ -380,4 +385,120 @@ fn events_of_two_flights_sharing_their_ids_are_all_archived() {
     for stage in [&mut archive.process, &mut stage.process] {
         stage.terminate(Duration::from_secs(60)).expect("stops");
     }
+}
+
+/// A flight lives as long as it operates, and one broken clock costs nobody data
+/// (docs/CONTRACT.md, "Lifetime" and "Plausible time"). The raw topic gets, in this order:
+/// - the schedules of the flights of 5 January 2013, published 330 days ahead (stamped
+///   February 2012);
+/// - the real events of 4 January 2013 (the shard's watermark moves 11 months on);
+/// - two records written straight to the raw topic by sources with broken clocks — one event of a
+///   5 January flight stamped 2099, one stamped 1971;
+/// - the real events of 5 January 2013 (OUT, OFF, ON, IN, delays, …).
+///
+/// Every event of every 5 January flight is applied — versions 1..n with the schedule as version
+/// 1 — nothing is late, the two broken records are dead-lettered naming `event_time`, and the
+/// outputs match the oracle's expectation.
+#[test]
+fn schedules_published_months_ahead_are_applied_and_broken_clocks_move_nothing() {
+    use prost::Message as _;
+    use rdkafka::Message as _;
+    let broker = shared_broker();
+    let topics = one_partition_topics(&broker.address);
+    let dir = test_dir("eo-lifetime");
+    let day = 86_400_000_000;
+    let fifth = replay_events((1, 5), (1, 5), no_duplicates());
+    // Sixty flights of 5 January that have a schedule, each schedule published 330 days ahead.
+    let mut keys: Vec<String> = fifth
+        .iter()
+        .filter(|event| event.r#type == EventType::Scheduled as i32)
+        .map(|event| event.flight_key.clone())
+        .collect();
+    keys.dedup();
+    keys.truncate(60);
+    let ours = |event: &&OperationalEvent| keys.contains(&event.flight_key);
+    let mut feed: Vec<OperationalEvent> = fifth
+        .iter()
+        .filter(ours)
+        .filter(|event| event.r#type == EventType::Scheduled as i32)
+        .map(|event| OperationalEvent {
+            event_time_us: event.event_time_us - 330 * day,
+            ..event.clone()
+        })
+        .collect();
+    assert_eq!(feed.len(), keys.len(), "one schedule per flight");
+    feed.extend(replay_events((1, 4), (1, 4), no_duplicates()));
+    let broken_at = feed.len() as i64;
+    let template = feed[0].clone();
+    let broken = |id: &str, event_time_us: i64| OperationalEvent {
+        event_id: id.to_owned(),
+        r#type: EventType::Delayed as i32,
+        event_time_us,
+        ..template.clone()
+    };
+    feed.push(broken("clock-2099", 4_070_908_800_000_000)); // 2099-01-01T00:00:00Z
+    feed.push(broken("clock-1971", 31_536_000_000_000)); // 1971-01-01T00:00:00Z
+    let operated: Vec<OperationalEvent> = fifth
+        .iter()
+        .filter(ours)
+        .filter(|event| event.r#type != EventType::Scheduled as i32)
+        .cloned()
+        .collect();
+    feed.extend(operated.iter().cloned());
+    produce_events(&broker.address, &topics.raw, &feed).expect("produce");
+
+    let mut stage = dedup_state(&broker.address, &topics, &dir);
+    stage
+        .wait_caught_up(1, Duration::from_secs(300))
+        .expect("caught up");
+    let (expected, accepted) = expectation(&broker.address, &topics, feed.len());
+    assert_eq!(
+        expected.implausible,
+        [(0, broken_at), (0, broken_at + 1)].into(),
+        "the oracle: the two broken clocks are implausible"
+    );
+    check_dedup_outputs(&broker.address, &topics, &expected, accepted);
+    // In the scenario's own terms, counted from the feed: every event of every flight is applied.
+    let versions = curated_versions(&broker.address, &topics, accepted);
+    for key in &keys {
+        let events = 1 + operated.iter().filter(|event| &event.flight_key == key).count();
+        assert_eq!(
+            versions.get(key).cloned().unwrap_or_default(),
+            (1..=events as u64).collect::<Vec<_>>(),
+            "{key}: the schedule and every event of its day are applied once, in versions 1..{events}"
+        );
+    }
+    let departed = operated
+        .iter()
+        .filter(|event| event.r#type == EventType::Out as i32)
+        .count();
+    assert!(
+        departed > 30,
+        "the flights' departures are among them: {departed}"
+    );
+    let letters = read_topic(&broker.address, &topics.dlq, 2, Duration::from_secs(60)).expect("dlq");
+    let reasons: Vec<(i64, String)> = letters
+        .iter()
+        .map(|message| {
+            let letter = contrail_proto::v1::DeadLetter::decode(message.payload().unwrap_or_default())
+                .expect("letter");
+            (letter.input.map_or(-1, |input| input.offset), letter.reason)
+        })
+        .collect();
+    assert_eq!(reasons.len(), 2, "{reasons:?}");
+    assert_eq!(reasons[0].0, broken_at);
+    assert!(
+        reasons[0]
+            .1
+            .contains("event_time: 2099-01-01T00:00:00Z is implausible"),
+        "{reasons:?}"
+    );
+    assert_eq!(reasons[1].0, broken_at + 1);
+    assert!(
+        reasons[1]
+            .1
+            .contains("event_time: 1971-01-01T00:00:00Z is implausible"),
+        "{reasons:?}"
+    );
+    stage.process.terminate(Duration::from_secs(30)).expect("stops");
 }

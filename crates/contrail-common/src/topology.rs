@@ -115,7 +115,7 @@ pub mod topics {
     pub const RAW: &str = "ops.events.raw";
     /// Events dedup-state accepted (one per `(flight_key, event_id)`).
     pub const ACCEPTED: &str = "ops.events.accepted";
-    /// Events older than their flight's watermark or tombstone.
+    /// Events older than their flight's watermark, or of a flight past its horizon.
     pub const LATE: &str = "ops.events.late";
     /// One `FlightState` per accepted event (the flight's new version).
     pub const CURATED: &str = "ops.flights.curated";

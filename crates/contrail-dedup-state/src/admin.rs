@@ -237,9 +237,13 @@ impl admin::admin_service_server::AdminService for DedupAdmin {
                     for shard in shards {
                         let read = contrail_state::inspect(shard, key.as_bytes(), lateness, |context| {
                             let state: Option<FlightKeyState> = context.get(FLIGHT_STATE)?;
+                            let service_end = crate::processor::flight_service_end(key.as_bytes());
+                            let horizon = flight::horizon_us(service_end, state.as_ref(), &rules);
                             let mut dedup: Vec<String> = state
                                 .as_ref()
-                                .map(|state| flight::live_dedup_entries(state, context.watermark_us()))
+                                .map(|state| {
+                                    flight::live_dedup_entries(state, horizon, context.watermark_us())
+                                })
                                 .unwrap_or_default()
                                 .into_iter()
                                 .map(|(id, _)| id.to_owned())
@@ -251,9 +255,7 @@ impl admin::admin_service_server::AdminService for DedupAdmin {
                                     .into_iter()
                                     .map(|(id, _)| String::from_utf8_lossy(&id).into_owned()),
                             );
-                            let expired = state.as_ref().is_some_and(|state| {
-                                flight::is_tombstone(state, context.watermark_us(), &rules)
-                            });
+                            let expired = state.is_some() && horizon <= context.watermark_us();
                             Ok::<_, StateError>((state, dedup, context.timers(), expired))
                         })?;
                         let (state, dedup, timers, expired) = read;

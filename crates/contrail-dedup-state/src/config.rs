@@ -215,6 +215,10 @@ pub struct RulesConfig {
     pub state_ttl_secs: i64,
     /// DEPARTURE_OVERDUE after `scheduled_out` + this without OUT/CANCELLED.
     pub overdue_after_secs: i64,
+    /// How far ahead of dedup-state's processing clock an event's time may be; a record further
+    /// ahead (a source with a broken clock writing to the raw topic directly) is dead-lettered and
+    /// never moves the watermark (docs/CONTRACT.md, "Plausible time").
+    pub max_clock_skew_secs: i64,
 }
 
 impl Default for RulesConfig {
@@ -224,6 +228,7 @@ impl Default for RulesConfig {
             dedup_ttl_secs: 72 * 3_600,
             state_ttl_secs: 48 * 3_600,
             overdue_after_secs: 15 * 60,
+            max_clock_skew_secs: 3_600,
         }
     }
 }
@@ -237,6 +242,7 @@ impl RulesConfig {
             dedup_ttl_us: self.dedup_ttl_secs.saturating_mul(SECOND),
             state_ttl_us: self.state_ttl_secs.saturating_mul(SECOND),
             overdue_after_us: self.overdue_after_secs.saturating_mul(SECOND),
+            max_clock_skew_us: self.max_clock_skew_secs.saturating_mul(SECOND),
         }
     }
 }
@@ -352,6 +358,7 @@ impl DedupStateConfig {
             ("rules.dedup_ttl_secs", rules.dedup_ttl_secs),
             ("rules.state_ttl_secs", rules.state_ttl_secs),
             ("rules.overdue_after_secs", rules.overdue_after_secs),
+            ("rules.max_clock_skew_secs", rules.max_clock_skew_secs),
         ] {
             if value < 0 {
                 return Err(format!("{name} = {value}: must not be negative"));
@@ -362,6 +369,14 @@ impl DedupStateConfig {
                 "rules.dedup_ttl_secs = {} is shorter than rules.allowed_lateness_secs = {}: a duplicate \
                  arriving within the lateness bound would be accepted twice",
                 rules.dedup_ttl_secs, rules.allowed_lateness_secs
+            ));
+        }
+        if rules.dedup_ttl_secs < rules.state_ttl_secs {
+            return Err(format!(
+                "rules.dedup_ttl_secs = {} is shorter than rules.state_ttl_secs = {}: dedup entries must \
+                 live at least as long as a flight's state, or a redelivery to a live flight would be \
+                 applied twice",
+                rules.dedup_ttl_secs, rules.state_ttl_secs
             ));
         }
         if self.batch.max_records == 0 {
@@ -401,10 +416,16 @@ impl DedupStateConfig {
             ));
         }
         for peer in &self.checkpoint.peers {
-            if !(peer.starts_with("http://") || peer.starts_with("https://")) {
+            if peer.starts_with("https://") {
+                // This build speaks to its peers in clear only: an https:// peer would be
+                // accepted and then spoken to without TLS, which is worse than refusing it.
                 return Err(format!(
-                    "checkpoint.peers: {peer:?} must start with http:// or https://"
+                    "checkpoint.peers: {peer:?}: TLS to checkpoint peers is not supported by this build; \
+                     use http:// inside the cluster network (or a service mesh that adds mTLS)"
                 ));
+            }
+            if !peer.starts_with("http://") {
+                return Err(format!("checkpoint.peers: {peer:?} must start with http://"));
             }
         }
         if !["cooperative-sticky", "range", "roundrobin"].contains(&self.group.assignment_strategy.as_str()) {
@@ -501,8 +522,29 @@ mod tests {
         let error = config.validate().expect_err("dedup ttl below lateness");
         assert!(error.contains("rules.dedup_ttl_secs = 10"), "{error}");
         let mut config = DedupStateConfig::default();
+        config.rules.state_ttl_secs = 100 * 3_600;
+        let error = config.validate().expect_err("dedup ttl below state ttl");
+        assert!(
+            error.contains("rules.dedup_ttl_secs = 259200")
+                && error.contains("rules.state_ttl_secs = 360000"),
+            "{error}"
+        );
+        let mut config = DedupStateConfig::default();
+        config.rules.max_clock_skew_secs = -1;
+        let error = config.validate().expect_err("negative skew");
+        assert!(error.contains("rules.max_clock_skew_secs = -1"), "{error}");
+        let mut config = DedupStateConfig::default();
         config.checkpoint.peers = vec!["dedup-0:9091".to_owned()];
         assert!(config.validate().expect_err("scheme").contains("dedup-0:9091"));
+        let mut config = DedupStateConfig::default();
+        config.checkpoint.peers = vec!["https://dedup-1.dedup:9091".to_owned()];
+        let error = config
+            .validate()
+            .expect_err("https peers are refused, not spoken to in clear");
+        assert!(
+            error.contains("https://dedup-1.dedup:9091") && error.contains("TLS"),
+            "{error}"
+        );
         let mut config = DedupStateConfig::default();
         config.group.assignment_strategy = "sticky".to_owned();
         assert!(config.validate().expect_err("strategy").contains("\"sticky\""));

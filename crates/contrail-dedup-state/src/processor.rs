@@ -1,11 +1,15 @@
-//! The flight processor: DESIGN §3 on the state engine. Per flight key it keeps the
-//! `FlightKeyState` (value state kept until `dedup_ttl` after the flight's last event; from
-//! `state_ttl` on it is the flight's tombstone, see [`flight::is_tombstone`]), the dedup entries of accepted event ids (dedup
-//! TTL) and the DEPARTURE_OVERDUE event-time timer; per record it decides duplicate / late / accepted
-//! with the pure [`contrail_flight::flight::decide`] and emits the outputs.
+//! The flight processor: docs/CONTRACT.md's processing rules on the state engine. Per flight key it
+//! keeps the `FlightKeyState` (value state kept while the flight lives — until its horizon,
+//! [`flight::horizon_us`] — and then until `dedup_ttl` after the later of its service date's end
+//! and its last event, so redeliveries still count as duplicates), the dedup entries of accepted
+//! event ids and the DEPARTURE_OVERDUE event-time timer; per record it checks plausible time,
+//! decides duplicate / late / accepted with the pure [`contrail_flight::flight::decide`] and emits
+//! the outputs.
 //!
-//! Everything emitted is a function of the input alone (no wall clock), so reprocessing after a
-//! crash or a restore regenerates byte-identical outputs.
+//! Everything emitted is a function of the input alone, so reprocessing after a crash or a restore
+//! regenerates byte-identical outputs. The one clock read — plausible time's bound on how far
+//! ahead an event may be — uses the record's broker timestamp, which is part of the input, capped
+//! by the processing clock (a broker timestamp ahead of it is not trusted): see [`reference_clock_us`].
 
 use contrail_common::dead_letter::Unprocessable;
 use contrail_flight::flight::{self, LateReason, Rules, Verdict};
@@ -43,6 +47,16 @@ pub struct FlightProcessor {
     max_message_bytes: usize,
     /// The last alert's place in the input: `(input offset, index)` (see [`Alert::emitted_index`]).
     last_alert: Option<(i64, u32)>,
+    /// The processing clock of this batch, µs (plausible time).
+    clock_us: i64,
+}
+
+/// The clock an event time is checked against (plausible time): when the record reached the raw
+/// topic — its broker timestamp — or the processing clock `clock_us` if the record has none or it
+/// is later. For every record written by a client whose clock is not ahead of dedup-state's, this
+/// is the broker timestamp, the same on every reprocessing, so the verdict is deterministic.
+pub fn reference_clock_us(record_timestamp_us: Option<i64>, clock_us: i64) -> i64 {
+    record_timestamp_us.map_or(clock_us, |timestamp| timestamp.min(clock_us))
 }
 
 impl FlightProcessor {
@@ -61,7 +75,15 @@ impl FlightProcessor {
             metrics,
             max_message_bytes,
             last_alert: None,
+            clock_us: chrono::Utc::now().timestamp_micros(),
         }
+    }
+
+    /// The processor with `clock_us` as the processing clock (by default, the wall clock when it
+    /// was made).
+    pub fn with_clock(mut self, clock_us: i64) -> Self {
+        self.clock_us = clock_us;
+        self
     }
 
     /// Emits `alert` (raised or resolved) with its place in the shard's input: after the record
@@ -141,6 +163,15 @@ impl DeadLetterOf<'_> {
     }
 }
 
+/// The end of the service date in a state key (a flight key), µs; `i64::MIN` for a key without
+/// one (no record of such a key is ever accepted, so only its events' times count).
+pub(crate) fn flight_service_end(key: &[u8]) -> i64 {
+    std::str::from_utf8(key)
+        .ok()
+        .and_then(flight::service_end_us)
+        .unwrap_or(i64::MIN)
+}
+
 /// A DEPARTURE_OVERDUE alert of `flight_key` fired at `fired_at_us`; `message` follows the key.
 /// The tail whose rotation `state` belongs to: its tail number when it takes part in one (a
 /// scheduled out, a tail usable as a record key), else empty.
@@ -209,6 +240,29 @@ impl StatefulProcessor for FlightProcessor {
             self.dead_letter(context, record, reason);
             return Ok(());
         }
+        let Some(service_date) = contrail_events::service_date_of_key(&event.flight_key) else {
+            let reason = format!(
+                "event {:?}: flight key {:?} has no service date ({{carrier}}{{number}}-{{YYYY-MM-DD}}-{{origin}})",
+                event.event_id, event.flight_key
+            );
+            self.dead_letter(context, record, reason);
+            return Ok(());
+        };
+        // Plausible time, before the event can move the shard's watermark.
+        let clock = reference_clock_us(record.timestamp_us, self.clock_us);
+        if let Err(error) = contrail_events::check_plausible_time(
+            event.event_time_us,
+            service_date,
+            clock,
+            self.rules.max_clock_skew_us,
+        ) {
+            self.count("implausible");
+            let reason = format!("event {:?} of {}: {error}", event.event_id, event.flight_key);
+            self.dead_letter(context, record, reason);
+            return Ok(());
+        }
+        let service_end =
+            contrail_events::date_start_us(service_date).saturating_add(contrail_events::DAY_US);
         context.observe_event_time(event.event_time_us);
         let position = self.position(record.offset);
         // The flight's dedup entries live in its key state; the engine's dedup family only holds
@@ -221,6 +275,7 @@ impl StatefulProcessor for FlightProcessor {
             &event,
             &position,
             already_seen,
+            service_end,
             shard_watermark,
             &self.rules,
         ) {
@@ -248,6 +303,21 @@ impl StatefulProcessor for FlightProcessor {
                     key_state.overdue_resolved = true;
                 }
                 let encoded = state.encode_to_vec();
+                let largest = self.max_message_bytes.saturating_sub(OUTPUT_HEADROOM_BYTES);
+                if encoded.len() + record.key.len() > largest {
+                    // Bounded per-key state: a state no broker message can carry is not applied
+                    // (the stored state stays as it was); its event goes to the dead-letter topic.
+                    let reason = format!(
+                        "event {:?} of {}: the flight's state with it would be {} bytes, more than the \
+                         {largest} bytes a state may have within the broker's message limit of {} bytes",
+                        event.event_id,
+                        event.flight_key,
+                        encoded.len(),
+                        self.max_message_bytes
+                    );
+                    self.dead_letter(context, record, reason);
+                    return Ok(());
+                }
                 // The rotation processor's input: the same state keyed by its aircraft; when the
                 // aircraft changed, the previous one's rotation gets it too (it lets the flight go).
                 if !self.topics.by_tail.is_empty() {
@@ -267,7 +337,7 @@ impl StatefulProcessor for FlightProcessor {
                 context.set(
                     FLIGHT_STATE,
                     &key_state,
-                    Some(flight::record_expiry(&key_state, &self.rules)),
+                    Some(flight::record_expiry(&key_state, service_end, &self.rules)),
                 );
                 match flight::overdue_timer(&state, key_state.overdue_alerted, &self.rules) {
                     Some(fire_at) => context.register_timer(OVERDUE_TIMER, TimeDomain::EventTime, fire_at),
@@ -303,7 +373,8 @@ impl StatefulProcessor for FlightProcessor {
         let Some(mut key_state) = context.get::<FlightKeyState>(FLIGHT_STATE)? else {
             return Ok(());
         };
-        if flight::is_tombstone(&key_state, context.watermark_us(), &self.rules) {
+        let service_end = flight_service_end(context.key());
+        if flight::is_expired(service_end, Some(&key_state), context.watermark_us(), &self.rules) {
             return Ok(());
         }
         let current = flight::current_state(&key_state);
@@ -315,7 +386,7 @@ impl StatefulProcessor for FlightProcessor {
         context.set(
             FLIGHT_STATE,
             &key_state,
-            Some(flight::record_expiry(&key_state, &self.rules)),
+            Some(flight::record_expiry(&key_state, service_end, &self.rules)),
         );
         let alert = overdue_alert(
             &current.flight_key,
@@ -356,6 +427,7 @@ pub(crate) mod test_support {
                 payload,
                 offset: offset as i64,
                 trace: None,
+                timestamp_us: None,
             })
             .collect();
         let engine = EngineConfig {
@@ -387,7 +459,7 @@ pub(crate) mod test_support {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use contrail_state::{EngineConfig, Shard};
+    use contrail_state::{EngineConfig, OutboxRecord, Shard};
     use proptest::prelude::*;
 
     fn topics() -> OutputTopics {
@@ -397,27 +469,284 @@ mod tests {
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(300))]
 
-        /// Any bytes as key and payload: no panic, no error, and every record that is not a valid
-        /// event of its key becomes exactly one dead letter naming its input position.
+        /// Arbitrary bytes as key and payload, mixed with valid events and events from broken
+        /// clocks: no panic, no error; every arbitrary record that is not a valid event of its key
+        /// and every implausible event becomes exactly one dead letter naming its input position,
+        /// and every valid event is accepted.
         #[test]
         fn arbitrary_input_never_fails_and_bad_records_become_dead_letters(
             records in prop::collection::vec(
-                (prop::collection::vec(1u8..=255, 1..12), prop::collection::vec(any::<u8>(), 0..64)),
+                prop_oneof![
+                    (prop::collection::vec(1u8..=255, 1..12), prop::collection::vec(any::<u8>(), 0..64))
+                        .prop_map(|(key, payload)| (key, payload, Kind::Arbitrary)),
+                    (1u32..50, 0i64..60).prop_map(|(flight, minute)| valid_record(flight, minute, 0)),
+                    (1u32..50, prop_oneof![Just(-1i64), Just(1)]).prop_map(|(flight, era)| valid_record(flight, 0, era)),
+                ],
                 1..20,
             )
         ) {
             let mut processor = FlightProcessor::new(Rules::default(), topics(), 0, None, 1_000_000);
-            let outputs = test_support::one_batch(&records, &mut processor);
+            let inputs: Vec<(Vec<u8>, Vec<u8>)> =
+                records.iter().map(|(key, payload, _)| (key.clone(), payload.clone())).collect();
+            let outputs = test_support::one_batch(&inputs, &mut processor);
             let dead = test_support::dead_letters(&outputs, &topics().dlq);
-            let invalid = records
+            let arbitrary_invalid = records
                 .iter()
-                .filter(|(key, payload)| {
-                    OperationalEvent::decode(payload.as_slice())
-                        .map_or(true, |event| event.event_id.is_empty() || event.flight_key.as_bytes() != key.as_slice())
+                .filter(|(key, payload, kind)| {
+                    *kind == Kind::Arbitrary
+                        && OperationalEvent::decode(payload.as_slice()).map_or(true, |event| {
+                            event.event_id.is_empty() || event.flight_key.as_bytes() != key.as_slice()
+                        })
                 })
                 .count();
-            prop_assert_eq!(dead.len(), invalid);
+            let implausible = records.iter().filter(|(_, _, kind)| *kind == Kind::Implausible).count();
+            // Distinct valid events (a repeated flight and minute is a redelivery: a duplicate).
+            let valid = records
+                .iter()
+                .filter(|(_, _, kind)| *kind == Kind::Valid)
+                .map(|(key, payload, _)| (key.clone(), payload.clone()))
+                .collect::<std::collections::HashSet<_>>()
+                .len();
+            prop_assert_eq!(dead.len(), arbitrary_invalid + implausible);
+            let accepted = outputs.iter().filter(|output| output.topic == topics().accepted).count();
+            prop_assert_eq!(accepted, valid, "every distinct valid event (all within one hour) is accepted");
         }
+    }
+
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    enum Kind {
+        Arbitrary,
+        Valid,
+        Implausible,
+    }
+
+    /// 2013-01-01T00:00:00Z, by hand (15,706 days after the epoch).
+    const JAN_1_2013_US: i64 = 15_706 * 86_400_000_000;
+
+    /// A valid event of flight `UA{flight}` on 2013-01-01 at `minute` past 10:00 (era 0), or the
+    /// same flight's event stamped in 1971 (era -1) or 2099 (era 1): a broken clock.
+    fn valid_record(flight: u32, minute: i64, era: i64) -> (Vec<u8>, Vec<u8>, Kind) {
+        let key = format!("UA{flight}-2013-01-01-EWR");
+        let event_time_us = match era {
+            0 => JAN_1_2013_US + (600 + minute) * 60_000_000,
+            -1 => 31_536_000_000_000,   // 1971-01-01
+            _ => 4_070_908_800_000_000, // 2099-01-01
+        };
+        let event = OperationalEvent {
+            event_id: format!("e{flight}-{minute}-{era}"),
+            r#type: contrail_proto::v1::EventType::Delayed as i32,
+            event_time_us,
+            flight_key: key.clone(),
+            ..Default::default()
+        };
+        let kind = if era == 0 { Kind::Valid } else { Kind::Implausible };
+        (key.into_bytes(), event.encode_to_vec(), kind)
+    }
+
+    fn record_of(event: &OperationalEvent) -> (Vec<u8>, Vec<u8>) {
+        (event.flight_key.clone().into_bytes(), event.encode_to_vec())
+    }
+
+    fn flight_event(
+        id: &str,
+        key: &str,
+        kind: contrail_proto::v1::EventType,
+        time_us: i64,
+    ) -> OperationalEvent {
+        OperationalEvent {
+            event_id: id.to_owned(),
+            r#type: kind as i32,
+            event_time_us: time_us,
+            flight_key: key.to_owned(),
+            ..Default::default()
+        }
+    }
+
+    fn decoded<T: Message + Default>(outputs: &[OutboxRecord], topic: &str) -> Vec<T> {
+        outputs
+            .iter()
+            .filter(|output| output.topic == topic)
+            .map(|output| T::decode(output.payload.as_slice()).expect("decodes"))
+            .collect()
+    }
+
+    /// One record from a clock in 2099 and one from 1971 between the events of two flights: both
+    /// are dead-lettered naming `event_time`, and neither moves the shard's watermark — the other
+    /// flights' events after them are all applied (versions 1, 2, 3).
+    #[test]
+    fn broken_clocks_are_dead_lettered_and_never_move_the_watermark() {
+        use contrail_proto::v1::EventType;
+        const HOUR: i64 = 3_600_000_000;
+        let at = |hours: i64| JAN_1_2013_US + 10 * HOUR + hours * HOUR;
+        let (a, b) = ("AA1-2013-01-01-JFK", "B61-2013-01-01-JFK");
+        let events = [
+            flight_event("a1", a, EventType::Scheduled, at(0)),
+            flight_event("future", b, EventType::Out, 4_070_908_800_000_000),
+            flight_event("past", b, EventType::Out, 31_536_000_000_000),
+            flight_event("b1", b, EventType::Scheduled, at(0)),
+            flight_event("a2", a, EventType::Out, at(2)),
+            flight_event("b2", b, EventType::Out, at(3)),
+            flight_event("a3", a, EventType::In, at(5)),
+        ];
+        let records: Vec<(Vec<u8>, Vec<u8>)> = events.iter().map(record_of).collect();
+        let mut processor = FlightProcessor::new(Rules::default(), topics(), 0, None, 1_000_000);
+        let outputs = test_support::one_batch(&records, &mut processor);
+        let letters = test_support::dead_letters(&outputs, &topics().dlq);
+        assert_eq!(letters.len(), 2);
+        assert!(
+            letters[0].reason.contains("\"future\"")
+                && letters[0]
+                    .reason
+                    .contains("event_time: 2099-01-01T00:00:00Z is implausible"),
+            "{}",
+            letters[0].reason
+        );
+        assert!(
+            letters[1]
+                .reason
+                .contains("event_time: 1971-01-01T00:00:00Z is implausible"),
+            "{}",
+            letters[1].reason
+        );
+        let versions: Vec<(String, u64)> = decoded::<FlightState>(&outputs, &topics().curated)
+            .into_iter()
+            .map(|state| (state.flight_key, state.version))
+            .collect();
+        let expected =
+            [(a, 1), (b, 1), (a, 2), (b, 2), (a, 3)].map(|(key, version)| (key.to_owned(), version));
+        assert_eq!(versions, expected);
+        assert!(
+            decoded::<OperationalEvent>(&outputs, &topics().late).is_empty(),
+            "nothing late"
+        );
+    }
+
+    /// The bound on how far ahead an event may be is the record's broker timestamp when it is
+    /// earlier than the processing clock: the verdict is the same on every reprocessing.
+    #[test]
+    fn the_reference_clock_is_the_record_timestamp_capped_by_the_processing_clock() {
+        assert_eq!(reference_clock_us(Some(5), 9), 5);
+        assert_eq!(
+            reference_clock_us(Some(12), 9),
+            9,
+            "a timestamp ahead of the clock is not trusted"
+        );
+        assert_eq!(reference_clock_us(None, 9), 9);
+        // An event 2 h after its record reached the topic, processed 10 h later: implausible.
+        let written = JAN_1_2013_US + 36_000_000_000;
+        let event = flight_event(
+            "e",
+            "UA1-2013-01-01-EWR",
+            contrail_proto::v1::EventType::Out,
+            written + 7_200_000_000,
+        );
+        let payload = event.encode_to_vec();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut shard = Shard::open(&dir.path().join("s"), 0).expect("open");
+        let inputs = [InputRecord {
+            key: event.flight_key.as_bytes(),
+            payload: &payload,
+            offset: 0,
+            trace: None,
+            timestamp_us: Some(written),
+        }];
+        let mut processor = FlightProcessor::new(Rules::default(), topics(), 0, None, 1_000_000)
+            .with_clock(written + 36_000_000_000);
+        let engine = EngineConfig {
+            allowed_lateness_us: 3_600_000_000,
+        };
+        let result = shard
+            .process_batch(&inputs, &mut processor, &engine, 0)
+            .expect("batch");
+        let outputs: Vec<OutboxRecord> = result.outputs.into_iter().map(|(_, output)| output).collect();
+        assert_eq!(test_support::dead_letters(&outputs, &topics().dlq).len(), 1);
+    }
+
+    /// Thousands of DELAYED events on one flight: every one is applied (versions 1..n), the state
+    /// keeps 32 delay codes; and an event that would make the state larger than a broker message
+    /// is dead-lettered with the stored state unchanged, the next event applied as the next
+    /// version — no error, no crash loop.
+    #[test]
+    fn per_key_state_is_bounded_and_a_state_too_large_is_dead_lettered() {
+        use contrail_proto::v1::{EventData, EventType};
+        let key = "UA1545-2013-01-01-EWR";
+        let delayed: Vec<OperationalEvent> = (0..2_000)
+            .map(|n| OperationalEvent {
+                data: Some(EventData {
+                    delay_minutes: Some(5),
+                    delay_code: Some(format!("{:02}", n % 100)),
+                    ..EventData::default()
+                }),
+                ..flight_event(
+                    &format!("d{n}"),
+                    key,
+                    EventType::Delayed,
+                    JAN_1_2013_US + n * 1_000_000,
+                )
+            })
+            .collect();
+        let records: Vec<(Vec<u8>, Vec<u8>)> = delayed.iter().map(record_of).collect();
+        let mut processor = FlightProcessor::new(Rules::default(), topics(), 0, None, 1_000_000);
+        let outputs = test_support::one_batch(&records, &mut processor);
+        let states = decoded::<FlightState>(&outputs, &topics().curated);
+        assert_eq!(states.len(), 2_000);
+        assert!(
+            states
+                .iter()
+                .zip(1..)
+                .all(|(state, version)| state.version == version)
+        );
+        let last = states.last().expect("a state");
+        assert_eq!(last.delay_codes.len(), 32);
+        assert_eq!(last.delay_codes.last().map(String::as_str), Some("99"));
+
+        // A broker limit of 16 KiB of headroom + 4,000 bytes: each record fits, but a state with
+        // a 2,500-byte gate and then a 2,500-byte terminal does not.
+        let small_limit = OUTPUT_HEADROOM_BYTES + 4_000;
+        let gate = |id: &str, gate: Option<String>, terminal: Option<String>, second: i64| OperationalEvent {
+            data: Some(EventData {
+                gate,
+                terminal,
+                ..EventData::default()
+            }),
+            ..flight_event(
+                id,
+                key,
+                EventType::GateAssigned,
+                JAN_1_2013_US + second * 1_000_000,
+            )
+        };
+        let big_gate = "G".repeat(2_500);
+        let events = [
+            gate("g1", Some("C71".to_owned()), None, 1),
+            gate("big", Some(big_gate.clone()), None, 2),
+            gate("huge", None, Some("T".repeat(2_500)), 3),
+            gate("g2", Some("C72".to_owned()), None, 4),
+        ];
+        let records: Vec<(Vec<u8>, Vec<u8>)> = events.iter().map(record_of).collect();
+        let mut processor = FlightProcessor::new(Rules::default(), topics(), 0, None, small_limit);
+        let outputs = test_support::one_batch(&records, &mut processor);
+        let letters = test_support::dead_letters(&outputs, &topics().dlq);
+        assert_eq!(letters.len(), 1);
+        assert!(
+            letters[0].reason.contains("\"huge\"") && letters[0].reason.contains("state"),
+            "{}",
+            letters[0].reason
+        );
+        let states: Vec<(u64, Option<String>, Option<String>)> =
+            decoded::<FlightState>(&outputs, &topics().curated)
+                .into_iter()
+                .map(|state| (state.version, state.gate, state.terminal))
+                .collect();
+        assert_eq!(
+            states,
+            [
+                (1, Some("C71".to_owned()), None),
+                (2, Some(big_gate), None),
+                (3, Some("C72".to_owned()), None)
+            ],
+            "the huge event changed nothing; the next one is version 3"
+        );
     }
 
     /// What versions before the dedup entries moved into the key state wrote: an engine dedup
@@ -434,7 +763,7 @@ mod tests {
             context.observe_event_time(event.event_time_us);
             context.dedup_insert(
                 event.event_id.as_bytes(),
-                flight::dedup_expiry(&event, &Rules::default()),
+                flight::dedup_expiry(&event, i64::MIN, &Rules::default()),
             );
             Ok(())
         }
@@ -470,6 +799,7 @@ mod tests {
                 payload: &old,
                 offset: 0,
                 trace: None,
+                timestamp_us: None,
             }];
             shard
                 .process_batch(&inputs, &mut EarlierVersion, &config, 0)
@@ -483,12 +813,14 @@ mod tests {
                 payload: &old,
                 offset: 1,
                 trace: None,
+                timestamp_us: None,
             },
             InputRecord {
                 key,
                 payload: &new,
                 offset: 2,
                 trace: None,
+                timestamp_us: None,
             },
         ];
         let mut processor = FlightProcessor::new(Rules::default(), topics(), 0, None, 1_000_000);
@@ -527,12 +859,14 @@ mod tests {
                 payload: &payload,
                 offset: 0,
                 trace: None,
+                timestamp_us: None,
             },
             InputRecord {
                 key,
                 payload: &payload,
                 offset: 1,
                 trace: None,
+                timestamp_us: None,
             },
         ];
         let mut processor = FlightProcessor::new(Rules::default(), topics(), 0, None, 1_000_000);
@@ -596,6 +930,7 @@ mod tests {
                 payload,
                 offset: 100 + offset as i64,
                 trace: None,
+                timestamp_us: None,
             })
             .collect();
         let config = EngineConfig {

@@ -573,6 +573,7 @@ impl ShardSet {
                 payload: &record.payload,
                 offset: record.offset,
                 trace: trace.as_deref().map(str::as_bytes),
+                timestamp_us: record.timestamp_ms.map(|millis| millis.saturating_mul(1_000)),
             })
             .collect();
         let Some(first) = inputs.first() else {
@@ -598,7 +599,8 @@ impl ShardSet {
         let result = traced.batch.in_scope(|| match self.processing.processor {
             ProcessorKind::Flight => {
                 let rules = self.processing.rules;
-                let mut processor = FlightProcessor::new(rules, topics, partition, metrics, max_bytes);
+                let mut processor =
+                    FlightProcessor::new(rules, topics, partition, metrics, max_bytes).with_clock(now_us);
                 shard.process_batch(&inputs, &mut processor, &engine, now_us)
             }
             ProcessorKind::Rotation => {

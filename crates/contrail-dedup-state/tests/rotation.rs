@@ -133,6 +133,7 @@ fn run<P: contrail_state::StatefulProcessor>(
                 payload,
                 offset: (chunk_index * batch + i) as i64,
                 trace: None,
+                timestamp_us: None,
             })
             .collect();
         let mut processor = make();

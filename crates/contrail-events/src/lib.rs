@@ -7,14 +7,20 @@
 //!   record (not just the first), each named by its JSON path;
 //! - [`split_body`] never panics on arbitrary bytes and splits a request body into records (one
 //!   object, a JSON array, or NDJSON) so that one malformed line does not hide the valid ones;
-//! - unknown fields are never lost: they are carried in `extra_json` for history.
+//! - unknown fields are never lost: they are carried in `extra_json` for history;
+//! - [`check_plausible_time`] is the one plausible-time rule, applied by ingest and dedup-state.
 
 mod body;
 mod fast;
+mod plausible;
 mod validate;
 
 pub use body::{BodyError, BodyRecord, split_body};
 pub use fast::validate_json;
+pub use plausible::{
+    DAY_US, DAYS_AFTER_SERVICE_DATE, DAYS_BEFORE_SERVICE_DATE, DEFAULT_MAX_CLOCK_SKEW_US,
+    check_plausible_time, date_start_us, service_date_of_key,
+};
 pub use validate::{
     FieldError, Limits, event_type_from_name, event_type_name, flight_key, json_kind, validate_record,
 };

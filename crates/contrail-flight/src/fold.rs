@@ -22,6 +22,11 @@ pub mod status {
     pub const DIVERTED: &str = "DIVERTED";
 }
 
+/// Most delay codes a `FlightState` keeps: the newest in fold order (per-key state is bounded,
+/// docs/CONTRACT.md). A real flight has a handful; a feed that repeats DELAYED thousands of times
+/// must not grow the state without end.
+pub const MAX_DELAY_CODES: usize = 32;
+
 /// An empty state for a flight, identified by its key and the event's flight reference.
 pub fn empty_state(event: &OperationalEvent) -> FlightState {
     let flight = event.flight.clone().unwrap_or_default();
@@ -65,6 +70,12 @@ pub fn apply(state: &mut FlightState, event: &OperationalEvent) {
                 }
             }
             if let Some(code) = data.delay_code {
+                if state.delay_codes.len() >= MAX_DELAY_CODES {
+                    // Bounded per-key state: the oldest code makes room (the fold's order is
+                    // deterministic, so which ones are kept is too).
+                    let excess = state.delay_codes.len() + 1 - MAX_DELAY_CODES;
+                    state.delay_codes.drain(..excess);
+                }
                 state.delay_codes.push(code);
             }
         }
@@ -183,6 +194,27 @@ pub(crate) mod tests {
         assert_eq!(state.actual_off_us, Some(640 * 60_000_000));
         assert_eq!(state.last_event_id, "f");
         assert_eq!((state.carrier.as_str(), state.flight_number), ("UA", 1));
+    }
+
+    /// Thousands of DELAYED events on one flight: the state keeps the newest 32 codes, in order.
+    #[test]
+    fn delay_codes_keep_the_newest_thirty_two() {
+        let mut state = FlightState::default();
+        for n in 0..5_000 {
+            let delayed = event(
+                &format!("d{n}"),
+                EventType::Delayed,
+                n,
+                EventData {
+                    delay_minutes: Some(5),
+                    delay_code: Some(format!("c{n}")),
+                    ..EventData::default()
+                },
+            );
+            apply(&mut state, &delayed);
+        }
+        let expected: Vec<String> = (4_968..5_000).map(|n| format!("c{n}")).collect();
+        assert_eq!(state.delay_codes, expected);
     }
 
     #[test]

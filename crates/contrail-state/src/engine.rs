@@ -29,6 +29,9 @@ pub struct InputRecord<'a> {
     /// Its trace context (opaque to the engine; contrail uses a W3C `traceparent`): every output
     /// emitted while handling this record carries it, also when re-sent from the outbox.
     pub trace: Option<&'a [u8]>,
+    /// The broker's timestamp of the record (create or append time), µs; part of the input, so a
+    /// processor may use it and stay deterministic.
+    pub timestamp_us: Option<i64>,
 }
 
 /// User logic over keyed state. Must be deterministic in its inputs (no wall clock, no randomness)
@@ -740,7 +743,13 @@ mod tests {
                     .collect();
                 let records: Vec<InputRecord<'_>> = inputs
                     .iter()
-                    .map(|(key, payload, offset)| InputRecord { key, payload, offset: *offset, trace: None })
+                    .map(|(key, payload, offset)| InputRecord {
+                        key,
+                        payload,
+                        offset: *offset,
+                        trace: None,
+                        timestamp_us: None,
+                    })
                     .collect();
                 shard.process_batch(&records, &mut Expiring, &config, 0).expect("batch");
                 for (key, time, expiry) in &batch {
@@ -773,6 +782,7 @@ mod tests {
             payload: payload.as_bytes(),
             offset,
             trace: None,
+            timestamp_us: None,
         };
         let config = EngineConfig {
             allowed_lateness_us: LATENESS,
@@ -829,6 +839,7 @@ mod tests {
                     payload: payload.as_bytes(),
                     offset,
                     trace: None,
+                    timestamp_us: None,
                 })
                 .collect();
             shard

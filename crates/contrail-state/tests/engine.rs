@@ -89,6 +89,7 @@ fn run_with<P: StatefulProcessor>(
             payload,
             offset: first_offset + n as i64,
             trace: None,
+            timestamp_us: None,
         })
         .collect();
     shard.process_batch(&batch, processor, &CONFIG, 0).expect("batch")
@@ -162,12 +163,14 @@ fn outputs_carry_their_records_trace_context_through_the_outbox() {
                 payload: b"0,5",
                 offset: 0,
                 trace: Some(traced),
+                timestamp_us: None,
             },
             InputRecord {
                 key: b"b",
                 payload: b"20,1",
                 offset: 1,
                 trace: None,
+                timestamp_us: None,
             },
         ];
         let result = shard

@@ -105,6 +105,7 @@ fn summaries(records: &[(Vec<u8>, Vec<u8>)], splits: &[usize]) -> Vec<String> {
                 payload,
                 offset: (start + index) as i64,
                 trace: None,
+                timestamp_us: None,
             })
             .collect();
         let result = shard

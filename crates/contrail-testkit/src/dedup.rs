@@ -90,15 +90,25 @@ pub fn raw_records(messages: &[OwnedMessage]) -> Vec<RawRecord> {
     records
 }
 
-/// DESIGN §3's time rules for the oracle, µs.
+/// The contract's time rules for the oracle (docs/CONTRACT.md), µs.
 #[derive(Debug, Clone, Copy)]
 pub struct OracleRules {
     /// Allowed lateness.
     pub lateness_us: i64,
-    /// Dedup entry lifetime after its event time.
+    /// Dedup entry lifetime after the later of its event time and its flight's service date's end.
     pub dedup_ttl_us: i64,
-    /// State lifetime after a flight's newest event.
+    /// State lifetime after the later of a flight's service date's end and its newest event.
     pub state_ttl_us: i64,
+}
+
+const DAY_US: i64 = 86_400_000_000;
+
+/// The start (00:00 UTC) of the service date in a flight key `{flight}-{YYYY-MM-DD}-{origin}`,
+/// read with chrono's own date parser (independent of the stages' key parser).
+fn service_date_start_us(flight_key: &str) -> Option<i64> {
+    let date_text = flight_key.get(flight_key.len().checked_sub(14)?..flight_key.len() - 4)?;
+    let date = chrono::NaiveDate::parse_from_str(date_text, "%Y-%m-%d").ok()?;
+    Some(date.and_hms_opt(0, 0, 0)?.and_utc().timestamp_micros())
 }
 
 impl Default for OracleRules {
@@ -119,9 +129,12 @@ pub struct Expected {
     pub accepted: BTreeMap<String, Vec<(OperationalEvent, SourcePosition)>>,
     /// Positions of late events, with why they are late: `lateness` or `expired`.
     pub late: BTreeMap<(i32, i64), &'static str>,
-    /// Flights whose record (state, then tombstone) was deleted — `dedup_ttl` after their last
-    /// event — before another event of theirs was accepted: they start again at version 1, which
-    /// the contract leaves to feeds that shape (none of the tests' feeds has one).
+    /// Positions of events outside their flight's plausible time window (more than 400 days
+    /// before or 7 days after its date, or a key with no date): dead-lettered, never applied,
+    /// never moving the watermark.
+    pub implausible: BTreeSet<(i32, i64)>,
+    /// Flights accepted again after their record was deleted (they would start again at version
+    /// 1). The lifetime rule makes this impossible: a test asserts it stays empty.
     pub restarted: Vec<String>,
     /// Duplicates dropped.
     pub duplicates: usize,
@@ -175,42 +188,55 @@ pub fn expect(records: &[RawRecord], rules: OracleRules) -> Expected {
         // key → when its alert fired; keys whose alert was resolved.
         let mut alerted: HashMap<String, i64> = HashMap::new();
         let mut resolved: std::collections::HashSet<String> = std::collections::HashSet::new();
-        // A flight's record is kept until dedup_ttl (at least state_ttl) after its newest event.
         let record_ttl = rules.dedup_ttl_us.max(rules.state_ttl_us);
         for record in records {
             let event = &record.event;
             let time = event.event_time_us;
+            let key = event.flight_key.as_str();
+            let position = (record.position.partition, record.position.offset);
+            // Plausible time, by its dates: [date − 400 days, date + 8 days).
+            let Some(date_start) = service_date_start_us(key) else {
+                expected.implausible.insert(position);
+                continue;
+            };
+            if time < date_start - 400 * DAY_US || time >= date_start + 8 * DAY_US {
+                expected.implausible.insert(position);
+                continue;
+            }
+            let service_end = date_start + DAY_US;
             shard_max = shard_max.max(time);
             let watermark = shard_max - rules.lateness_us;
-            let key = event.flight_key.as_str();
             'decide: {
-                // §3.1: a redelivery of an id accepted for this flight while its entry lives.
-                if seen
-                    .get(&(key, event.event_id.as_str()))
-                    .is_some_and(|at| at + rules.dedup_ttl_us > watermark)
+                // The flight's record, while it is kept: until dedup_ttl after the later of its
+                // date's end and its newest event.
+                let kept = keys
+                    .get(key)
+                    .filter(|(newest, _)| (*newest).max(service_end) + record_ttl > watermark)
+                    .copied();
+                // The flight lives until state_ttl after the later of its date's end and its
+                // newest accepted event (only the date's end when nothing is kept).
+                let lives_until =
+                    kept.map_or(service_end, |(newest, _)| newest.max(service_end)) + rules.state_ttl_us;
+                // A redelivery of an id accepted for this flight, while the flight lives or its
+                // entry does (dedup_ttl after the later of its time and the date's end).
+                if kept.is_some()
+                    && seen.get(&(key, event.event_id.as_str())).is_some_and(|at| {
+                        lives_until > watermark || (*at).max(service_end) + rules.dedup_ttl_us > watermark
+                    })
                 {
                     expected.duplicates += 1;
                     break 'decide;
                 }
-                let kept = keys
-                    .get(key)
-                    .filter(|(newest, _)| newest + record_ttl > watermark)
-                    .copied();
-                // §3.7: older than the shard watermark − state_ttl, or for a flight whose state
-                // expired (a tombstone): expired. §3.2: older than the flight's watermark: late.
-                let reason = if time < watermark - rules.state_ttl_us {
+                let reason = if lives_until <= watermark {
                     Some("expired")
                 } else {
                     match kept {
-                        Some((newest, _)) if newest + rules.state_ttl_us <= watermark => Some("expired"),
                         Some((newest, _)) if time < newest - rules.lateness_us => Some("lateness"),
                         _ => None,
                     }
                 };
                 if let Some(reason) = reason {
-                    expected
-                        .late
-                        .insert((record.position.partition, record.position.offset), reason);
+                    expected.late.insert(position, reason);
                     break 'decide;
                 }
                 if kept.is_none() && keys.contains_key(key) {
@@ -929,11 +955,14 @@ mod tests {
         );
     }
 
-    /// DESIGN §3.7 written out: a flight's events, then 49 h of another flight's events in the
-    /// same partition, then a correction for the first flight — late (expired), its versions
-    /// unchanged; after the first flight's record is gone (dedup_ttl), nothing is left of it.
+    /// The lifetime rule written out: a flight of 2013-01-01 (its date ends 2013-01-02T00:00Z, so
+    /// it lives until 2013-01-04T00:00Z), then another flight's events until the shard watermark
+    /// passes that, then a correction for the first flight — late (expired), its versions
+    /// unchanged. A flight never seen of the same date is expired too; one of a later date (a
+    /// schedule published ahead) is accepted; events outside the plausible window are not applied.
     #[test]
-    fn the_oracle_keeps_expired_flights_as_tombstones() {
+    fn the_oracle_expires_flights_by_their_date_and_never_restarts_them() {
+        // The test events start at 2013-01-01T00:26:40Z (1,357,000,000 s).
         let other = |n: i64, minute: i64| {
             let mut event = event(&format!("o{n}"), EventType::Estimated, minute);
             event.flight_key = "DL1-2013-01-03-JFK".to_owned();
@@ -943,25 +972,53 @@ mod tests {
             raw(0, event("e1", EventType::Scheduled, 0)),
             raw(1, event("e2", EventType::Out, 30)),
         ];
-        for hour in 1..=49 {
+        // Until 2013-01-04T00:56:40Z: the watermark (1 h behind) is just before the first flight's
+        // horizon.
+        for hour in 1..=72 {
             records.push(raw(records.len() as i64, other(hour, 30 + hour * 60)));
         }
-        let correction = records.len() as i64;
-        records.push(raw(correction, event("e3", EventType::Delayed, 30 + 49 * 60)));
+        let before = records.len() as i64;
+        // A correction stamped before the date's end (so it does not move the horizon).
+        records.push(raw(before, event("e3", EventType::Delayed, 60)));
+        let expected = expect(&records, OracleRules::default());
+        assert_eq!(
+            expected.late.get(&(0, before)),
+            None,
+            "watermark 2013-01-03T23:56:40Z: the flight still lives"
+        );
+        // One more hour: the watermark (2013-01-04T00:56:40Z) is past the horizon.
+        records.push(raw(before + 1, other(73, 30 + 73 * 60)));
+        let correction = before + 2;
+        records.push(raw(correction, event("e4", EventType::Delayed, 30 + 73 * 60)));
         let expected = expect(&records, OracleRules::default());
         assert_eq!(expected.late.get(&(0, correction)), Some(&"expired"));
         assert_eq!(
             expected.accepted["UA1545-2013-01-01-EWR"].len(),
-            2,
-            "versions 1 and 2 only"
+            3,
+            "versions 1 to 3 only"
         );
         assert!(expected.restarted.is_empty());
-        // An event older than the shard watermark − state_ttl, for a flight never seen: expired.
-        let mut ancient = event("a1", EventType::Scheduled, 30 + 49 * 60 - 48 * 60 - 61);
-        ancient.flight_key = "AA9-2013-01-01-LGA".to_owned();
-        let mut with_ancient = records.clone();
-        with_ancient.push(raw(correction + 1, ancient));
-        let expected = expect(&with_ancient, OracleRules::default());
+        let mut never_seen = event("a1", EventType::Scheduled, 30 + 73 * 60);
+        never_seen.flight_key = "AA9-2013-01-01-LGA".to_owned();
+        let mut ahead = event("b1", EventType::Scheduled, 30 + 73 * 60);
+        ahead.flight_key = "B61-2013-12-01-JFK".to_owned();
+        let mut too_far_ahead = event("b2", EventType::Scheduled, 30 + 73 * 60);
+        too_far_ahead.flight_key = "B61-2014-02-10-JFK".to_owned();
+        let mut after_the_week = event("c1", EventType::Out, 30 + 73 * 60);
+        after_the_week.flight_key = "AA9-2012-12-27-LGA".to_owned();
+        for (offset, event) in [never_seen, ahead, too_far_ahead, after_the_week]
+            .into_iter()
+            .enumerate()
+        {
+            records.push(raw(correction + 1 + offset as i64, event));
+        }
+        let expected = expect(&records, OracleRules::default());
         assert_eq!(expected.late.get(&(0, correction + 1)), Some(&"expired"));
+        assert_eq!(expected.accepted["B61-2013-12-01-JFK"].len(), 1);
+        assert_eq!(
+            expected.implausible,
+            [(0, correction + 3), (0, correction + 4)].into(),
+            "more than 400 days before its date, and 8 days after it"
+        );
     }
 }

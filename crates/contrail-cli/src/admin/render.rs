@@ -148,7 +148,7 @@ pub(super) fn render_key_state(key: &str, response: &admin::ReadKeyStateResponse
         "key:   {key}\nfound: {}{}",
         yes_no(response.found),
         if response.expired {
-            " (expired: a tombstone — its events are late until dedup_ttl after its last one)"
+            " (expired: past its horizon; every event of it is late, reason `expired`)"
         } else {
             ""
         }

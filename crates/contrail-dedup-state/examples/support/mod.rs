@@ -75,8 +75,44 @@ pub fn input_records(inputs: &[Input]) -> Vec<InputRecord<'_>> {
             payload: &input.payload,
             offset: input.offset,
             trace: None,
+            timestamp_us: None,
         })
         .collect()
+}
+
+/// What a run of micro-batches evicted by TTL and how many alerts it emitted.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RunTotals {
+    pub evicted: usize,
+    pub alerts: usize,
+}
+
+/// Runs the micro-batches of `inputs` through `shards` (the broker acknowledging every output at
+/// once), shards interleaved as the stage's worker does.
+pub fn run(
+    shards: &mut [contrail_state::Shard],
+    processors: &mut [FlightProcessor],
+    inputs: &[Vec<Input>],
+    batch: usize,
+    engine: &contrail_state::EngineConfig,
+) -> RunTotals {
+    let mut totals = RunTotals::default();
+    let alerts_topic = TopicsConfig::default().alerts;
+    for (shard, range) in batches(inputs, batch) {
+        let records = input_records(&inputs[shard][range]);
+        let result = shards[shard]
+            .process_batch(&records, &mut processors[shard], engine, 0)
+            .expect("process batch");
+        totals.evicted += result.evicted;
+        totals.alerts += result
+            .outputs
+            .iter()
+            .filter(|(_, output)| output.topic == alerts_topic)
+            .count();
+        let sequences: Vec<u64> = result.outputs.iter().map(|(sequence, _)| *sequence).collect();
+        shards[shard].acknowledge(&sequences).expect("acknowledge");
+    }
+    totals
 }
 
 /// The flight processor of shard `shard`, as the stage builds it.
