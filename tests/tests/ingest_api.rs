@@ -260,6 +260,83 @@ async fn every_class_of_bad_input_is_answered_and_dead_lettered() {
     );
 }
 
+/// Plausible time, and a gzip body of several members (`cat a.gz b.gz`): a record from a clock in
+/// 2099 and one from 1971 are answered `400` naming their index and `event_time`, and
+/// dead-lettered; the real events around them, spread over three gzip members, are all accepted
+/// and land on the raw topic.
+#[tokio::test(flavor = "multi_thread")]
+async fn broken_clocks_are_rejected_and_every_gzip_member_is_read() {
+    let ingest = start();
+    let events = real_events(30);
+    let mut from_2099 = events[0].clone();
+    from_2099["event_id"] = json!("clock-2099");
+    from_2099["event_time"] = json!("2099-01-01T00:00:00Z");
+    let mut from_1971 = events[0].clone();
+    from_1971["event_id"] = json!("clock-1971");
+    from_1971["event_time"] = json!("1971-01-01T00:00:00Z");
+    let members: [Vec<Value>; 3] = [
+        events[..10].to_vec(),
+        [vec![from_2099], events[10..20].to_vec(), vec![from_1971]].concat(),
+        events[20..].to_vec(),
+    ];
+    let mut body = Vec::new();
+    for member in &members {
+        let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        encoder.write_all(&ndjson(member)).expect("gzip");
+        body.extend(encoder.finish().expect("gzip"));
+    }
+    let (status, answer) = post(&ingest, body, true, Some(&ingest.token)).await;
+    assert_eq!(status, 400, "{answer}");
+    assert_eq!(answer["accepted"], 30, "all three members were read: {answer}");
+    assert_eq!(answer["rejected"], 2);
+    let results = answer["results"].as_array().expect("results");
+    for (index, year) in [(10, "2099"), (21, "1971")] {
+        assert_eq!(results[index]["status"], "rejected", "{answer}");
+        assert_eq!(results[index]["errors"][0]["field"], "event_time");
+        let message = results[index]["errors"][0]["message"].as_str().expect("message");
+        assert!(
+            message.contains(&format!("{year}-01-01T00:00:00Z is implausible")),
+            "{message}"
+        );
+    }
+    let brokers = shared_broker().address.clone();
+    let (raw_topic, dlq_topic) = (ingest.raw_topic.clone(), ingest.dlq_topic.clone());
+    let (raw, letters) = tokio::task::spawn_blocking(move || {
+        (
+            read_topic(&brokers, &raw_topic, 30, Duration::from_secs(30)),
+            read_topic(&brokers, &dlq_topic, 2, Duration::from_secs(30)),
+        )
+    })
+    .await
+    .expect("join");
+    let landed: BTreeSet<String> = raw
+        .expect("raw")
+        .iter()
+        .map(|message| {
+            OperationalEvent::decode(message.payload().expect("payload"))
+                .expect("event")
+                .event_id
+        })
+        .collect();
+    let posted: BTreeSet<String> = events
+        .iter()
+        .map(|event| event["event_id"].as_str().expect("id").to_owned())
+        .collect();
+    assert_eq!(landed, posted);
+    let letters: BTreeSet<(u32, String)> = letters
+        .expect("dlq")
+        .iter()
+        .map(|message| {
+            let letter = DeadLetter::decode(message.payload().expect("payload")).expect("letter");
+            (letter.record_index, letter.errors[0].field.clone())
+        })
+        .collect();
+    assert_eq!(
+        letters,
+        [(10, "event_time".to_owned()), (21, "event_time".to_owned())].into()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn grpc_ingest_validates_per_record_and_requires_the_token() {
     use contrail_proto::ingest::v1::{

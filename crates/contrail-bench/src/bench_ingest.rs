@@ -324,9 +324,11 @@ async fn pull_rate(brokers: &str, events: &[Value], args: &Args, parallel: bool)
         },
         contrail_ingest::pipeline::PipelineLimits {
             max_in_flight: 200_000,
+            max_in_flight_bytes: 1 << 30,
             produce_timeout: Duration::from_secs(30),
             max_record_bytes: config.limits.max_record_bytes,
             max_message_bytes: config.kafka.max_message_bytes(),
+            max_clock_skew_us: config.limits.max_clock_skew_secs.saturating_mul(1_000_000),
         },
         IngestMetrics::new(&registry),
     );

@@ -95,6 +95,15 @@ impl TraceParent {
         self.flags & 1 == 1
     }
 
+    /// This context with the *sampled* flag set to `sampled` (the other flags kept): ingest
+    /// replaces a caller's decision with contrail's own ([`Sampler`]).
+    pub fn with_sampled(self, sampled: bool) -> TraceParent {
+        TraceParent {
+            flags: (self.flags & !1) | u8::from(sampled),
+            ..self
+        }
+    }
+
     /// The OpenTelemetry span context (remote) of this parent.
     pub fn span_context(&self) -> SpanContext {
         SpanContext::new(
@@ -158,6 +167,50 @@ pub fn traceparent_headers(value: &[u8]) -> OwnedHeaders {
     })
 }
 
+/// contrail's sampling decision for a trace a caller started: whether its records get spans in
+/// every stage is contrail's to decide, not the caller's — a producer that flags every request
+/// sampled must not make every stage build spans. Nothing is sampled while spans are not
+/// exported; when they are, a share `ratio` of the traces, chosen by trace id (the same trace gets
+/// the same answer everywhere, as OpenTelemetry's trace-id-ratio sampler does).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sampler {
+    /// Whether spans are exported at all (an OTLP endpoint is set).
+    pub exporting: bool,
+    /// Share of traces sampled when exporting, 0.0–1.0.
+    pub ratio: f64,
+}
+
+impl Sampler {
+    /// The sampler of this process: exporting when `OTEL_EXPORTER_OTLP_ENDPOINT` is set, at the
+    /// ratio the OpenTelemetry SDK samples new traces at (`OTEL_TRACES_SAMPLER_ARG`, 1.0 when
+    /// unset), so callers' traces are sampled like contrail's own.
+    pub fn from_env() -> Sampler {
+        let exporting = std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT").is_ok_and(|value| !value.is_empty());
+        let ratio = std::env::var("OTEL_TRACES_SAMPLER_ARG")
+            .ok()
+            .and_then(|value| value.trim().parse::<f64>().ok())
+            .filter(|ratio| ratio.is_finite())
+            .map_or(1.0, |ratio| ratio.clamp(0.0, 1.0));
+        Sampler { exporting, ratio }
+    }
+
+    /// Whether the trace `trace_id` is sampled.
+    pub fn samples(&self, trace_id: &[u8; 16]) -> bool {
+        if !self.exporting || self.ratio <= 0.0 {
+            return false;
+        }
+        let mut low = [0u8; 8];
+        low.copy_from_slice(&trace_id[8..]);
+        let point = u64::from_be_bytes(low) >> 1;
+        point as f64 <= (u64::MAX >> 1) as f64 * self.ratio
+    }
+
+    /// `parent` with contrail's decision in place of the caller's.
+    pub fn decide(&self, parent: TraceParent) -> TraceParent {
+        parent.with_sampled(self.samples(&parent.trace_id))
+    }
+}
+
 /// The context a record's outputs carry: that of `span` (the stage's span for the record, a child
 /// of `parent`) when it is exported, else `parent` unchanged — a stage that exports nothing keeps
 /// the trace whole.
@@ -191,6 +244,54 @@ fn push_hex(text: &mut String, bytes: &[u8]) {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn contrail_decides_sampling_not_the_caller() {
+        let flagged =
+            TraceParent::parse(b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01").expect("valid");
+        assert!(flagged.sampled(), "the caller says sampled");
+        let silent = Sampler {
+            exporting: false,
+            ratio: 1.0,
+        };
+        assert!(
+            !silent.decide(flagged).sampled(),
+            "nothing exported: no spans anywhere"
+        );
+        let none = Sampler {
+            exporting: true,
+            ratio: 0.0,
+        };
+        assert!(!none.decide(flagged).sampled());
+        let all = Sampler {
+            exporting: true,
+            ratio: 1.0,
+        };
+        let unflagged = flagged.with_sampled(false);
+        assert!(all.decide(unflagged).sampled());
+        assert_eq!(
+            all.decide(unflagged).trace_id,
+            flagged.trace_id,
+            "the trace is kept"
+        );
+        // 10 %: about a tenth of 10,000 trace ids (counted by hand, not by the sampler's formula).
+        let tenth = Sampler {
+            exporting: true,
+            ratio: 0.1,
+        };
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let sampled = (0..10_000)
+            .filter(|_| {
+                state = state
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1_442_695_040_888_963_407);
+                let mut trace_id = [1u8; 16];
+                trace_id[8..].copy_from_slice(&state.to_be_bytes());
+                tenth.samples(&trace_id)
+            })
+            .count();
+        assert!((800..1_200).contains(&sampled), "{sampled} of 10,000");
+    }
 
     const EXAMPLE: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 

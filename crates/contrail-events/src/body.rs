@@ -42,6 +42,14 @@ impl BodyRecord {
             | BodyRecord::Malformed { index, .. } => *index,
         }
     }
+
+    /// The record's size in bytes as received.
+    pub fn raw_len(&self) -> usize {
+        match self {
+            BodyRecord::Parsed { raw, .. } | BodyRecord::Malformed { raw, .. } => raw.len(),
+            BodyRecord::Raw { raw, .. } => raw.len(),
+        }
+    }
 }
 
 /// A body that holds no record at all.

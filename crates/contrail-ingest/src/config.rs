@@ -96,6 +96,10 @@ pub struct LimitsConfig {
     /// Most records accepted but not yet acknowledged by the broker, over all requests; above it
     /// requests get `429` with `Retry-After`.
     pub max_in_flight_records: usize,
+    /// Most bytes (records as received) accepted but not yet acknowledged by the broker, over all
+    /// requests; above it requests get `429` with `Retry-After`. With `max_in_flight_records` this
+    /// bounds ingest's memory whatever the records' sizes.
+    pub max_in_flight_bytes: usize,
     /// How long a request waits for broker acknowledgements before answering `503`.
     pub produce_timeout_ms: u64,
     /// librdkafka `message.timeout.ms`: how long the producer keeps retrying one record.
@@ -105,6 +109,9 @@ pub struct LimitsConfig {
     /// the broker's message limit (`kafka.properties."message.max.bytes"`, 1,000,000 by default),
     /// so every stage after ingest can write what it derives from the record.
     pub max_record_bytes: usize,
+    /// How far ahead of ingest's clock a record's `event_time` may be (docs/CONTRACT.md,
+    /// "Plausible time"); a record further ahead is rejected (`400` naming it) and dead-lettered.
+    pub max_clock_skew_secs: i64,
 }
 
 impl Default for LimitsConfig {
@@ -113,9 +120,11 @@ impl Default for LimitsConfig {
             max_body_bytes: 16 * 1024 * 1024,
             max_records_per_request: 10_000,
             max_in_flight_records: 200_000,
+            max_in_flight_bytes: 256 * 1024 * 1024,
             produce_timeout_ms: 10_000,
             delivery_timeout_ms: 120_000,
             max_record_bytes: 512 * 1024,
+            max_clock_skew_secs: 3_600,
         }
     }
 }
@@ -236,6 +245,14 @@ impl IngestConfig {
                 "limits.max_records_per_request and limits.max_in_flight_records must be > 0".to_owned(),
             );
         }
+        if limits.max_in_flight_bytes < limits.max_body_bytes || u32::try_from(limits.max_body_bytes).is_err()
+        {
+            return Err(format!(
+                "limits.max_in_flight_bytes = {} must be at least limits.max_body_bytes = {} (at most 4 GiB), \
+                 or a full request could never be taken",
+                limits.max_in_flight_bytes, limits.max_body_bytes
+            ));
+        }
         if limits.max_records_per_request > limits.max_in_flight_records {
             return Err(format!(
                 "limits.max_records_per_request ({}) must not exceed limits.max_in_flight_records ({})",
@@ -249,6 +266,12 @@ impl IngestConfig {
                  {message_limit} less {RECORD_HEADROOM_BYTES} bytes for what later stages add to a record)",
                 limits.max_record_bytes,
                 message_limit.saturating_sub(RECORD_HEADROOM_BYTES)
+            ));
+        }
+        if limits.max_clock_skew_secs < 0 {
+            return Err(format!(
+                "limits.max_clock_skew_secs = {}: must not be negative",
+                limits.max_clock_skew_secs
             ));
         }
         if self.source_concurrency == 0 {
@@ -318,5 +341,23 @@ mod tests {
         // This workspace's build (default features) carries it.
         const { assert!(REPLAY_BUILT) };
         assert_eq!(config.validate(), Ok(()));
+    }
+
+    #[test]
+    fn limits_that_could_never_be_met_are_named() {
+        let mut config = IngestConfig::default();
+        config.limits.max_in_flight_bytes = 1_000;
+        let error = config
+            .validate()
+            .expect_err("a full request could never be taken");
+        assert!(
+            error.contains("limits.max_in_flight_bytes = 1000")
+                && error.contains("limits.max_body_bytes = 16777216"),
+            "{error}"
+        );
+        let mut config = IngestConfig::default();
+        config.limits.max_clock_skew_secs = -5;
+        let error = config.validate().expect_err("a negative skew");
+        assert!(error.contains("limits.max_clock_skew_secs = -5"), "{error}");
     }
 }

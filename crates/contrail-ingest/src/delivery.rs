@@ -53,15 +53,15 @@ pub struct Request {
     answer: Mutex<Option<oneshot::Sender<Failures>>>,
     count: usize,
     metrics: IngestMetrics,
-    _permit: OwnedSemaphorePermit,
+    _permits: Vec<OwnedSemaphorePermit>,
 }
 
 impl Request {
-    /// A request of `count` records holding `permit`; the receiver gets the failures once every
-    /// record is resolved and [`Request::sent`] was called.
+    /// A request of `count` records holding `permits` (of the record and byte bounds); the
+    /// receiver gets the failures once every record is resolved and [`Request::sent`] was called.
     pub fn new(
         count: usize,
-        permit: OwnedSemaphorePermit,
+        permits: Vec<OwnedSemaphorePermit>,
         metrics: IngestMetrics,
     ) -> (Arc<Request>, oneshot::Receiver<Failures>) {
         let (sender, receiver) = oneshot::channel();
@@ -71,7 +71,7 @@ impl Request {
             answer: Mutex::new(Some(sender)),
             count,
             metrics,
-            _permit: permit,
+            _permits: permits,
         };
         (Arc::new(request), receiver)
     }
@@ -139,7 +139,7 @@ mod tests {
             .try_acquire_many_owned(count as u32)
             .expect("permits");
         let registry = contrail_common::metrics::MetricsRegistry::new();
-        Request::new(count, permit, IngestMetrics::new(&registry))
+        Request::new(count, vec![permit], IngestMetrics::new(&registry))
     }
 
     #[test]

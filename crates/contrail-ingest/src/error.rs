@@ -11,13 +11,15 @@ pub enum IngestError {
     /// The broker did not acknowledge in time or refused. Retry with backoff (clients get `503`).
     #[error("broker unavailable: {0}")]
     BrokerUnavailable(String),
-    /// Too many records in flight. Retry after a short pause (clients get `429`).
-    #[error("over capacity: {in_flight} records in flight, limit {limit}")]
+    /// Too many records, or bytes, in flight. Retry after a short pause (clients get `429`).
+    #[error("over capacity: {in_flight} {unit} in flight, limit {limit}")]
     OverCapacity {
-        /// Records in flight when refused.
+        /// Records (or bytes) in flight when refused.
         in_flight: usize,
         /// The limit.
         limit: usize,
+        /// `records` or `bytes`: which bound refused.
+        unit: &'static str,
     },
     /// A pull source failed to fetch. Retry with backoff when `retryable`.
     #[error("source {source_name}: {message}")]

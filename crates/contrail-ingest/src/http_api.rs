@@ -142,8 +142,10 @@ async fn post_events(
     }
 }
 
+/// Decompresses a gzip body whole: every member, as `cat a.gz b.gz` and many HTTP clients
+/// produce (a decoder of the first member alone would silently drop the rest).
 fn gunzip(compressed: &[u8], max_bytes: usize) -> Result<Vec<u8>, (StatusCode, String)> {
-    let mut decoder = flate2::read::GzDecoder::new(compressed).take(max_bytes as u64 + 1);
+    let mut decoder = flate2::read::MultiGzDecoder::new(compressed).take(max_bytes as u64 + 1);
     let mut body = Vec::new();
     decoder
         .read_to_end(&mut body)
@@ -220,4 +222,39 @@ fn ingest_error_response(error: &IngestError) -> Response {
 
 fn error_response(status: StatusCode, message: &str) -> Response {
     (status, axum::Json(json!({"error": message}))).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn gzip(bytes: &[u8]) -> Vec<u8> {
+        let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        encoder.write_all(bytes).expect("compress");
+        encoder.finish().expect("compress")
+    }
+
+    /// `cat a.gz b.gz`: both members are read, in order.
+    #[test]
+    fn a_body_of_several_gzip_members_is_read_whole() {
+        let mut body = gzip(b"{\"first\":1}\n");
+        body.extend(gzip(b"{\"second\":2}\n"));
+        body.extend(gzip(b"{\"third\":3}\n"));
+        assert_eq!(
+            gunzip(&body, 1_000).expect("valid gzip"),
+            b"{\"first\":1}\n{\"second\":2}\n{\"third\":3}\n"
+        );
+        // The limit counts every member's bytes.
+        let (status, message) = gunzip(&body, 30).expect_err("over the limit");
+        assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+        assert!(message.contains("limits.max_body_bytes = 30"), "{message}");
+        // A broken second member is an error, not a silent stop after the first.
+        let mut broken = gzip(b"{}\n");
+        broken.extend(&gzip(b"{}\n")[..12]);
+        assert_eq!(
+            gunzip(&broken, 1_000).expect_err("truncated").0,
+            StatusCode::BAD_REQUEST
+        );
+    }
 }

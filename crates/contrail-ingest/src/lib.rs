@@ -118,9 +118,11 @@ pub async fn run(config: IngestConfig, shutdown: Shutdown) -> Result<(), IngestE
         },
         PipelineLimits {
             max_in_flight: config.limits.max_in_flight_records,
+            max_in_flight_bytes: config.limits.max_in_flight_bytes,
             produce_timeout: Duration::from_millis(config.limits.produce_timeout_ms),
             max_record_bytes: config.limits.max_record_bytes,
             max_message_bytes: config.kafka.max_message_bytes(),
+            max_clock_skew_us: config.limits.max_clock_skew_secs.saturating_mul(1_000_000),
         },
         metrics.clone(),
     );

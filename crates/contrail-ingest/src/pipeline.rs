@@ -6,9 +6,10 @@
 //!   producer);
 //! - a rejected record is reported only after its dead letter was acknowledged — when that fails
 //!   the batch counts as failed so the client retries; nothing is dropped silently;
-//! - memory is bounded: records hold a capacity permit from the moment they are accepted for
-//!   processing until the broker resolved them (even after the client was answered), and a batch
-//!   that does not fit is refused up front with [`IngestError::OverCapacity`].
+//! - memory is bounded, in records and in bytes: records hold capacity permits from the moment
+//!   they are accepted for processing until the broker resolved them (even after the client was
+//!   answered), and a batch that does not fit is refused up front with
+//!   [`IngestError::OverCapacity`].
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -108,6 +109,9 @@ pub struct PipelineTopics {
 pub struct PipelineLimits {
     /// Records accepted but not yet resolved by the broker, over all batches (`429` above).
     pub max_in_flight: usize,
+    /// Bytes (as received) of the records accepted but not yet resolved by the broker, over all
+    /// batches (`429` above): the memory bound, whatever the records' sizes.
+    pub max_in_flight_bytes: usize,
     /// How long a batch waits for the broker's acknowledgements (`503` after).
     pub produce_timeout: Duration,
     /// Largest record, in bytes as received: a larger one is rejected (`400`) and
@@ -115,6 +119,8 @@ pub struct PipelineLimits {
     pub max_record_bytes: usize,
     /// The broker's message limit (`message.max.bytes`): nothing written may exceed it.
     pub max_message_bytes: usize,
+    /// How far ahead of ingest's clock an `event_time` may be (plausible time), µs.
+    pub max_clock_skew_us: i64,
 }
 
 /// The shared publish path. Cheap to clone.
@@ -129,11 +135,15 @@ struct PipelineInner {
     limits: Limits,
     capacity: Arc<Semaphore>,
     max_in_flight: usize,
+    byte_capacity: Arc<Semaphore>,
+    max_in_flight_bytes: usize,
     produce_timeout: Duration,
     max_record_bytes: usize,
     max_message_bytes: usize,
+    max_clock_skew_us: i64,
     metrics: IngestMetrics,
     paused: Arc<AtomicBool>,
+    sampler: trace::Sampler,
 }
 
 enum Validated {
@@ -164,11 +174,15 @@ impl Pipeline {
                 limits: Limits::default(),
                 capacity: Arc::new(Semaphore::new(limits.max_in_flight)),
                 max_in_flight: limits.max_in_flight,
+                byte_capacity: Arc::new(Semaphore::new(limits.max_in_flight_bytes)),
+                max_in_flight_bytes: limits.max_in_flight_bytes,
                 produce_timeout: limits.produce_timeout,
                 max_record_bytes: limits.max_record_bytes,
                 max_message_bytes: limits.max_message_bytes,
+                max_clock_skew_us: limits.max_clock_skew_us,
                 metrics,
                 paused: Arc::default(),
+                sampler: trace::Sampler::from_env(),
             }),
         }
     }
@@ -226,6 +240,8 @@ impl Pipeline {
             event.id = tracing::field::Empty,
             flight.key = tracing::field::Empty,
         );
+        // Whether the trace is sampled is contrail's decision, not the caller's flag.
+        let parent = parent.map(|parent| self.inner.sampler.decide(parent));
         if let Some(parent) = parent {
             parent.adopt(&span);
         }
@@ -274,21 +290,31 @@ impl Pipeline {
             .records_received
             .with_label_values(&[label])
             .inc_by(count as u64);
+        let refused = |in_flight: usize, limit: usize, unit: &'static str| {
+            inner.metrics.requests_throttled.with_label_values(&[label]).inc();
+            IngestError::OverCapacity {
+                in_flight,
+                limit,
+                unit,
+            }
+        };
         let permit = u32::try_from(count)
             .ok()
             .and_then(|permits| inner.capacity.clone().try_acquire_many_owned(permits).ok())
+            .ok_or_else(|| refused(self.in_flight(), inner.max_in_flight, "records"))?;
+        let bytes: usize = records.iter().map(BodyRecord::raw_len).sum();
+        let byte_permit = u32::try_from(bytes)
+            .ok()
+            .and_then(|permits| inner.byte_capacity.clone().try_acquire_many_owned(permits).ok())
             .ok_or_else(|| {
-                inner.metrics.requests_throttled.with_label_values(&[label]).inc();
-                IngestError::OverCapacity {
-                    in_flight: self.in_flight(),
-                    limit: inner.max_in_flight,
-                }
+                let in_flight = inner.max_in_flight_bytes - inner.byte_capacity.available_permits();
+                refused(in_flight, inner.max_in_flight_bytes, "bytes")
             })?;
         inner.metrics.in_flight_records.add(count as i64);
         // One delivery tracker for the whole batch: it holds the capacity permit (and the records in
         // the in-flight gauge) until the broker resolved every record — even after a timeout here
         // or an early return — and answers once.
-        let (request, answer) = Request::new(count, permit, inner.metrics.clone());
+        let (request, answer) = Request::new(count, vec![permit, byte_permit], inner.metrics.clone());
         let started = Instant::now();
 
         // Parsing, validation and encoding are CPU work: keep them off the async workers.
@@ -296,6 +322,7 @@ impl Pipeline {
         let sizes = RecordSizes {
             max_record_bytes: inner.max_record_bytes,
             max_message_bytes: inner.max_message_bytes,
+            max_clock_skew_us: inner.max_clock_skew_us,
         };
         let origin_text = origin.describe();
         let validated =
@@ -429,6 +456,24 @@ fn enqueue(
 struct RecordSizes {
     max_record_bytes: usize,
     max_message_bytes: usize,
+    /// Not a size, but a per-record limit all the same: how far ahead of the clock an
+    /// `event_time` may be.
+    max_clock_skew_us: i64,
+}
+
+/// The plausible-time rule (docs/CONTRACT.md) on a valid event, with ingest's clock `now_us`.
+fn plausible(
+    event: &contrail_events::OperationalEvent,
+    now_us: i64,
+    max_clock_skew_us: i64,
+) -> Result<(), FieldError> {
+    let Some(service_date) = contrail_events::service_date_of_key(&event.flight_key) else {
+        return Err(FieldError {
+            field: "flight.date".to_owned(),
+            message: format!("flight key {:?} has no service date", event.flight_key),
+        });
+    };
+    contrail_events::check_plausible_time(event.event_time_us, service_date, now_us, max_clock_skew_us)
 }
 
 /// Room left in a message for a record's value besides its key and the record overhead.
@@ -452,6 +497,7 @@ fn validate_batch(
                     raw: Vec<u8>,
                     event_id: &dyn Fn(&[u8]) -> Option<String>| {
         let result = result.and_then(|event| {
+            plausible(&event, now_us, sizes.max_clock_skew_us).map_err(|error| vec![error])?;
             let payload = event.encode_to_vec();
             if fits_in_a_message(&payload, &event.flight_key, sizes) {
                 Ok((event, payload))
