@@ -342,3 +342,81 @@ fn a_split_feed_range_keeps_delivering_every_change() {
         status.leases
     );
 }
+
+/// Every feed range has a lease (docs/CONTRACT.md, "No silent gap"): a bootstrap interrupted after
+/// its first lease leaves one lease of the container's four. On its next start changefeed-sync
+/// completes the set — it checks every feed range against the leases, not only whether any lease
+/// exists — and every document's change arrives, whichever range it is in.
+#[test]
+fn a_partial_lease_set_is_completed_and_every_range_is_read() {
+    let broker = shared_broker();
+    let dir = test_dir("changefeed-partial-leases");
+    let dev = CosmosDev::start(&dir).expect("cosmos-dev");
+    let topic = format!("{}.ops.flights.changes", unique("p"));
+    create_topics(&broker.address, &[&topic], 4).expect("topic");
+    let ranges = feed_ranges(&dev);
+    assert!(
+        ranges >= 4,
+        "the dev endpoint gives a container several feed ranges: {ranges}"
+    );
+    // A first start creates the leases of every range (nothing written yet); then all but one are
+    // deleted, as an interrupted bootstrap leaves them.
+    let mut first = CosmosStage::start(
+        "changefeed-sync",
+        sync_env(&broker.address, &topic, "sync-partial", &dev),
+        &dir.join("sync-first"),
+    )
+    .expect("changefeed-sync");
+    first.process.terminate(Duration::from_secs(30)).expect("stops");
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let deleted = runtime.block_on(async {
+        use futures::StreamExt as _;
+        let containers = dev.containers().await.expect("client");
+        let mut ids = Vec::new();
+        let mut items = containers
+            .leases
+            .query_items::<serde_json::Value>(
+                "SELECT c.id FROM c",
+                azure_data_cosmos::FeedScope::full_container(),
+                None,
+            )
+            .await
+            .expect("query leases");
+        while let Some(item) = items.next().await {
+            ids.push(item.expect("lease")["id"].as_str().expect("id").to_owned());
+        }
+        ids.sort();
+        for id in &ids[1..] {
+            containers
+                .leases
+                .delete_item(id.clone(), id, None)
+                .await
+                .expect("delete a lease");
+        }
+        ids.len() - 1
+    });
+    assert_eq!(
+        deleted,
+        ranges - 1,
+        "the first start created one lease per feed range"
+    );
+
+    write_versions(&dev.endpoint, 80, 1, 1, Duration::ZERO);
+    let second = CosmosStage::start(
+        "changefeed-sync",
+        sync_env(&broker.address, &topic, "sync-partial", &dev),
+        &dir.join("sync-second"),
+    )
+    .expect("changefeed-sync");
+    changes_covering(
+        &broker.address,
+        &topic,
+        &stored(&dev, 80),
+        Duration::from_secs(60),
+    );
+    assert_eq!(
+        second.status().expect("status").leases.len(),
+        ranges,
+        "one lease per feed range again"
+    );
+}

@@ -79,6 +79,9 @@ pub struct LeasesConfig {
     pub poll_interval_ms: u64,
     /// Most changes per page.
     pub max_items_per_page: u32,
+    /// How often every feed range is checked to have a lease (missing ones are created), ms; also
+    /// checked at start.
+    pub coverage_check_interval_ms: u64,
 }
 
 impl Default for LeasesConfig {
@@ -88,6 +91,7 @@ impl Default for LeasesConfig {
             expiry_ms: 10_000,
             poll_interval_ms: 500,
             max_items_per_page: 1_000,
+            coverage_check_interval_ms: 60_000,
         }
     }
 }

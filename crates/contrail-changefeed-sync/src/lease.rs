@@ -209,26 +209,49 @@ impl LeaseStore {
         Ok(leases)
     }
 
-    /// Creates one lease per current feed range — only when the container has no leases yet. Later
-    /// splits need no new leases: a lease's range keeps covering its children (the SDK's
-    /// continuation token tracks each child), and creating leases for children would read their
-    /// changes twice.
-    pub async fn bootstrap(&self) -> Result<usize, CosmosStoreError> {
-        if !self.list().await?.is_empty() {
+    /// Makes sure every feed range of the monitored container has a lease (docs/CONTRACT.md, "No
+    /// silent gap"): creates one for each current feed range that the leases of the newest
+    /// incarnation do not cover whole — every range when there are no leases yet, the missing
+    /// ones when a bootstrap was interrupted after its first lease or a lease was deleted. A
+    /// range the leases cover needs none: after a split, the parent's lease keeps covering its
+    /// children (the SDK's continuation token tracks each child), and a lease for a child would
+    /// read its changes twice. Leases of a replaced container are left to
+    /// [`LeaseStore::supersede`]. Called at start and periodically; returns the leases created.
+    pub async fn ensure_leases(&self) -> Result<usize, CosmosStoreError> {
+        let leases = self.list().await?;
+        let rid = self.current_rid().await?;
+        let incarnation = leases.iter().map(|lease| lease.incarnation).max().unwrap_or(0);
+        let newest: Vec<&Lease> = leases
+            .iter()
+            .filter(|lease| lease.incarnation == incarnation)
+            .collect();
+        if newest.iter().any(|lease| {
+            lease
+                .container_rid
+                .as_deref()
+                .is_some_and(|lease_rid| lease_rid != rid)
+        }) {
+            // The container was replaced: its new leases come from `supersede`.
             return Ok(0);
         }
-        let rid = self.current_rid().await?;
-        self.create_leases(&rid, 0, false).await
+        let mut leased = Vec::with_capacity(newest.len());
+        for lease in newest {
+            leased.push(Self::feed_range(lease)?);
+        }
+        self.create_leases(&rid, incarnation, !leases.is_empty(), &leased)
+            .await
     }
 
     /// Creates the leases of incarnation `incarnation` of the monitored container (`_rid` `rid`),
-    /// one per feed range it has now (`refresh`: read afresh, not from the client's cache). A lease
-    /// that exists already (created by another instance) is kept as it is.
+    /// one per feed range it has now (`refresh`: read afresh, not from the client's cache) that
+    /// the union of `leased` does not cover whole ([`ranges_without_lease`]). A lease that exists
+    /// already (created by another instance) is kept as it is.
     async fn create_leases(
         &self,
         rid: &str,
         incarnation: u32,
         refresh: bool,
+        leased: &[FeedRange],
     ) -> Result<usize, CosmosStoreError> {
         let options =
             azure_data_cosmos::options::ReadFeedRangesOptions::default().with_force_refresh(refresh);
@@ -238,7 +261,11 @@ impl LeaseStore {
             .await
             .map_err(|error| CosmosStoreError::service("read feed ranges", &error))?;
         let mut created = 0;
-        for range in ranges {
+        let missing = ranges_without_lease(&ranges, leased, |range: &FeedRange| {
+            (range.min_inclusive(), range.max_exclusive())
+        });
+        for range in missing {
+            tracing::info!(lease_range = %range, incarnation, "feed range without a lease: creating one");
             let range = range.to_string();
             let lease = Lease {
                 id: lease_id_in(&self.container, &range, incarnation),
@@ -313,7 +340,7 @@ impl LeaseStore {
                 .map(|lease| lease.incarnation)
                 .max()
                 .unwrap_or_default();
-            self.create_leases(rid, newest.max(stale.incarnation).saturating_add(1), true)
+            self.create_leases(rid, newest.max(stale.incarnation).saturating_add(1), true, &[])
                 .await?
         };
         self.delete(stale).await?;
@@ -355,6 +382,33 @@ impl LeaseStore {
     }
 }
 
+/// The feed ranges of `current` that the union of `leased` does not cover whole: those need a
+/// lease. `bounds` gives a range's [min, max). A range inside one lease (a split child) or inside
+/// several (a merge of leased ranges) is read through them; one covered only in part gets a lease
+/// of its own, which reads the covered part a second time — harmless, as every change carries
+/// `(id, _lsn)` — rather than leave the rest unread. Pure.
+pub fn ranges_without_lease<'a, R, K: PartialOrd + Copy>(
+    current: &'a [R],
+    leased: &'a [R],
+    bounds: impl Fn(&'a R) -> (K, K),
+) -> Vec<&'a R> {
+    let mut leases: Vec<(K, K)> = leased.iter().map(&bounds).collect();
+    leases.sort_by(|a, b| a.0.partial_cmp(&b.0).unwrap_or(std::cmp::Ordering::Equal));
+    let covered = |(min, max): (K, K)| {
+        let mut cursor = min;
+        for (lease_min, lease_max) in &leases {
+            if cursor >= max {
+                break;
+            }
+            if *lease_min <= cursor && cursor < *lease_max {
+                cursor = *lease_max;
+            }
+        }
+        cursor >= max
+    };
+    current.iter().filter(|range| !covered(bounds(range))).collect()
+}
+
 /// Write options conditional on `lease`'s ETag (a lease without one was never read: lost).
 fn if_match(lease: &Lease) -> Result<ItemWriteOptions, ChangefeedError> {
     let etag = lease
@@ -385,6 +439,55 @@ pub type OwnedLease = Arc<tokio::sync::Mutex<Lease>>;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Feed ranges as half-open intervals [min, max) of the key space 0..16.
+    fn bounds(range: &(u8, u8)) -> (u8, u8) {
+        *range
+    }
+
+    #[test]
+    fn every_range_not_wholly_leased_gets_a_lease() {
+        let current = [(0, 4), (4, 8), (8, 12), (12, 16)];
+        // No leases yet: all four.
+        assert_eq!(ranges_without_lease(&current, &[], bounds).len(), 4);
+        // A bootstrap interrupted after its first lease: the other three.
+        assert_eq!(
+            ranges_without_lease(&current, &[(0, 4)], bounds),
+            [&(4, 8), &(8, 12), &(12, 16)]
+        );
+        // Split children of leased ranges, and a merge of two leased ranges: none.
+        let after = [(0, 2), (2, 4), (4, 16)];
+        let leases = [(0, 4), (4, 8), (8, 12), (12, 16)];
+        assert!(ranges_without_lease(&after, &leases, bounds).is_empty());
+        // A merge of a leased and an unleased range: a lease of its own.
+        assert_eq!(ranges_without_lease(&[(0, 8)], &[(0, 4)], bounds), [&(0, 8)]);
+    }
+
+    proptest::proptest! {
+        /// Any partition of the key space into ranges and any set of leases: afterwards every point
+        /// of the key space is in a leased or a newly leased range, and a range wholly inside the
+        /// leases gets no second lease.
+        #[test]
+        fn afterwards_every_point_is_covered_and_no_whole_range_twice(
+            cuts in proptest::collection::btree_set(1u8..16, 0..8),
+            leases in proptest::collection::vec((0u8..16, 1u8..5), 0..5),
+        ) {
+            let mut points: Vec<u8> = std::iter::once(0).chain(cuts).chain(std::iter::once(16)).collect();
+            points.dedup();
+            let current: Vec<(u8, u8)> = points.windows(2).map(|pair| (pair[0], pair[1])).collect();
+            let leased: Vec<(u8, u8)> = leases.iter().map(|(min, width)| (*min, (*min + width).min(16))).collect();
+            let created = ranges_without_lease(&current, &leased, bounds);
+            let in_a_lease = |point: u8| leased.iter().any(|lease| lease.0 <= point && point < lease.1);
+            for point in 0u8..16 {
+                let created_here = created.iter().any(|range| range.0 <= point && point < range.1);
+                proptest::prop_assert!(in_a_lease(point) || created_here, "point {} uncovered", point);
+            }
+            for range in &current {
+                let wholly_leased = (range.0..range.1).all(in_a_lease);
+                proptest::prop_assert_eq!(created.contains(&range), !wholly_leased, "{:?}", range);
+            }
+        }
+    }
 
     #[test]
     fn lease_ids_are_stable_and_safe() {

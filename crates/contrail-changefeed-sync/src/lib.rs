@@ -81,13 +81,16 @@ pub async fn run(config: ChangefeedSyncConfig, shutdown: Shutdown) -> Result<(),
         &config.cosmos.database,
         &config.cosmos.flights_container,
     );
-    let bootstrap = contrail_cosmos::retry_setup("lease bootstrap", || store.bootstrap());
+    let bootstrap = contrail_cosmos::retry_setup("lease bootstrap", || store.ensure_leases());
     let Some(created) = stage.unless_shutdown(bootstrap).await else {
         return Ok(());
     };
     let created = created?;
     if created > 0 {
-        tracing::info!(leases = created, "leases created, one per feed range");
+        tracing::info!(
+            leases = created,
+            "leases created for the feed ranges that had none"
+        );
     }
     let board: LeaseBoard = Arc::default();
     let shared = Arc::new(Shared {
@@ -121,7 +124,24 @@ pub async fn run(config: ChangefeedSyncConfig, shutdown: Shutdown) -> Result<(),
 
     let mut running: BTreeMap<String, Running> = BTreeMap::new();
     let interval = Duration::from_millis(config.leases.renew_interval_ms);
+    let coverage_interval = Duration::from_millis(config.leases.coverage_check_interval_ms);
+    let mut coverage_checked = std::time::Instant::now();
     while !stage.shutdown.is_triggered() {
+        if coverage_checked.elapsed() >= coverage_interval {
+            coverage_checked = std::time::Instant::now();
+            match shared.store.ensure_leases().await {
+                Ok(0) => {}
+                Ok(created) => {
+                    tracing::warn!(
+                        leases = created,
+                        "feed ranges without a lease found and given one"
+                    );
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "checking every feed range has a lease failed; retrying later")
+                }
+            }
+        }
         if let Err(error) = maintain(&shared, &mut running).await {
             tracing::warn!(%error, "lease maintenance failed; retrying next round");
         }
