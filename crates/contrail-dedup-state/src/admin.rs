@@ -90,6 +90,8 @@ impl admin::admin_service_server::AdminService for DedupAdmin {
             ),
             ("late_expired_total".to_owned(), verdict("late_expired")),
             ("invalid_records_total".to_owned(), verdict("invalid")),
+            ("implausible_records_total".to_owned(), verdict("implausible")),
+            ("states_too_large_total".to_owned(), verdict("state_too_large")),
             (
                 "timers_fired_total".to_owned(),
                 self.metrics.timers_fired.get() as f64,

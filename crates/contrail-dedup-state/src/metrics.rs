@@ -8,7 +8,8 @@ use prometheus::{Histogram, IntCounter, IntCounterVec, IntGauge, IntGaugeVec};
 pub struct DedupMetrics {
     /// Input records processed (reprocessing after a restore counts again).
     pub records: IntCounter,
-    /// Verdicts: `accepted`, `duplicate`, `late`, `invalid`.
+    /// Verdicts: `accepted`, `duplicate`, `late`, `late_expired`, `invalid`, `implausible`,
+    /// `state_too_large` (the last three are dead-lettered).
     pub verdicts: IntCounterVec,
     /// User timers fired, by kind.
     pub timers_fired: IntCounter,
@@ -51,7 +52,7 @@ impl DedupMetrics {
             records: registry.counter("contrail_dedup_records_total", "Input records processed"),
             verdicts: registry.counter_vec(
                 "contrail_dedup_events_total",
-                "Events by verdict: accepted, duplicate, late, invalid",
+                "Events by verdict: accepted, duplicate, late, late_expired, invalid, implausible, state_too_large",
                 &["verdict"],
             ),
             timers_fired: registry.counter("contrail_dedup_timers_fired_total", "User timers fired"),
