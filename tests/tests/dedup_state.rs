@@ -11,13 +11,15 @@ use contrail_testkit::dedup::{
     DedupOptions, DedupTopics, DedupUnderTest, OracleRules, check_outputs, expect, produce_events,
     raw_records, realistic_feed, replay_events, start_dedup_state,
 };
-use contrail_testkit::{Moments, create_topics, read_to_end, shared_broker, test_dir, unique};
+use contrail_testkit::{Moments, create_topics, read_to_end_at_least, shared_broker, test_dir, unique};
 use rdkafka::message::OwnedMessage;
 
-/// Every record of `topic` (the stage is caught up: up to each partition's end, whatever copies
-/// it holds — reading until a count could stop before a partition's tail); at least `at_least`.
+/// Every record of `topic` (the stage is caught up: up to each partition's true end, whatever
+/// copies it holds — reading until a count could stop before a partition's tail); at least
+/// `at_least`.
 fn read_all(brokers: &str, topic: &str, at_least: usize) -> Vec<OwnedMessage> {
-    let messages = read_to_end(brokers, topic, Duration::from_secs(120)).expect("read topic");
+    let messages =
+        read_to_end_at_least(brokers, topic, at_least, Duration::from_secs(120)).expect("read topic");
     assert!(
         messages.len() >= at_least,
         "{topic}: {} records, expected at least {at_least}",

@@ -2,12 +2,13 @@
 //! `contrail backfill`) and the broker (`contrail alerts`, `contrail backfill`) — and what the
 //! Kafka readers ask a topic first: its partitions and where each begins and ends.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use contrail_common::kafka::KafkaConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::{Message as _, Offset, TopicPartitionList};
 
 /// Where the serving store is.
 #[derive(Args, Debug, Clone)]
@@ -107,4 +108,53 @@ pub fn partition_ends(
             Ok((partition, low, high))
         })
         .collect()
+}
+
+/// How long [`read_ends`] reads on after the last record before it takes a partition's end as
+/// found, and how long it reads at most (a topic still being written has no end to find).
+const QUIET_PAST_END: Duration = Duration::from_millis(1_500);
+const READ_ENDS_AT_MOST: Duration = Duration::from_secs(20);
+
+/// [`partition_ends`], with each end read rather than asked: a broker's reported high watermark
+/// can trail its log — the local broker reports the first offset of a partition's last batch + 1
+/// (docs/TESTING.md) — so the records from the reported end − 1 on are read until none arrived
+/// for 1.5 s, and a partition's end is one past the last offset seen. On a broker that reports
+/// its log's end (Event Hubs, Kafka) this reads one record per partition.
+pub fn read_ends(consumer: &BaseConsumer, kafka: &KafkaConfig, topic: &str) -> Result<Vec<(i32, i64, i64)>> {
+    let mut ends = partition_ends(consumer, kafka, topic)?;
+    let mut assignment = TopicPartitionList::new();
+    for (partition, low, high) in &ends {
+        if high > low {
+            assignment
+                .add_partition_offset(topic, *partition, Offset::Offset(high - 1))
+                .with_context(|| format!("{topic} partition {partition}: offset {}", high - 1))?;
+        }
+    }
+    if assignment.count() == 0 {
+        return Ok(ends);
+    }
+    consumer
+        .assign(&assignment)
+        .with_context(|| format!("reading the tail of {topic}"))?;
+    let started = Instant::now();
+    let mut last_record = Instant::now();
+    while last_record.elapsed() < QUIET_PAST_END && started.elapsed() < READ_ENDS_AT_MOST {
+        match consumer.poll(Duration::from_millis(100)) {
+            Some(Ok(message)) => {
+                last_record = Instant::now();
+                if let Some(end) = ends
+                    .iter_mut()
+                    .find(|(partition, _, _)| *partition == message.partition())
+                {
+                    end.2 = end.2.max(message.offset() + 1);
+                }
+            }
+            Some(Err(error)) => bail!("reading the tail of {topic}: {error}"),
+            None => {}
+        }
+    }
+    consumer
+        .unassign()
+        .with_context(|| format!("done reading the tail of {topic}"))?;
+    Ok(ends)
 }

@@ -456,7 +456,7 @@ pub(crate) async fn wait_for_archiver(wait: ArchiverWait<'_>) -> Result<()> {
                 .set("enable.auto.commit", "false")
                 .create()
                 .with_context(|| format!("a Kafka client for {}", crate::args::describe(&kafka)))?;
-            crate::args::partition_ends(&consumer, &kafka, &reading)
+            crate::args::read_ends(&consumer, &kafka, &reading)
         })
         .await
         .context("the broker reader stopped")?

@@ -180,17 +180,36 @@ pub fn read_topic(
     Ok(reader.into_messages())
 }
 
-/// Reads every record of `topic` up to the high watermark each of its partitions has now — for
-/// outputs of a stage that is caught up. A count-based read ([`read_topic`]) can stop before a
-/// partition's tail when the topic also holds re-sent copies; this one cannot. Fails, naming the
-/// partitions short of their end, after `timeout`.
+/// How long every partition must stay quiet past the end it reported before a read "to the end"
+/// stops: a broker's reported end can trail its log (docs/TESTING.md, "The local broker's
+/// reported end"), so the records past it are read, not trusted away.
+pub const QUIET_PAST_END: Duration = Duration::from_millis(1_500);
+
+/// Reads every record of `topic` to its true end — for outputs of a stage that is caught up. A
+/// count-based read ([`read_topic`]) can stop before a partition's tail when the topic also holds
+/// re-sent copies; this one cannot. See [`read_to_end_at_least`].
 pub fn read_to_end(brokers: &str, topic: &str, timeout: Duration) -> Result<Vec<OwnedMessage>> {
+    read_to_end_at_least(brokers, topic, 0, timeout)
+}
+
+/// Reads every record of `topic` (all partitions, from the beginning): at least `at_least`
+/// records, every partition up to the high watermark it reports when the read starts, and then
+/// on until no record arrived for [`QUIET_PAST_END`]. The local broker reports a partition's end
+/// as the first offset of its last batch + 1, below the records it serves, so the high watermark
+/// alone stops early. Fails after `timeout`, naming the partitions short of their reported end,
+/// the count read against `at_least`, or a topic that never went quiet.
+pub fn read_to_end_at_least(
+    brokers: &str,
+    topic: &str,
+    at_least: usize,
+    timeout: Duration,
+) -> Result<Vec<OwnedMessage>> {
     let mut reader = TopicReader::open(brokers, topic)?;
     let metadata = reader
         .consumer
         .fetch_metadata(Some(topic), Duration::from_secs(10))
         .context("metadata")?;
-    let mut targets = BTreeMap::new();
+    let mut reported = BTreeMap::new();
     for partition in metadata
         .topics()
         .iter()
@@ -202,12 +221,16 @@ pub fn read_to_end(brokers: &str, topic: &str, timeout: Duration) -> Result<Vec<
             .fetch_watermarks(topic, partition, Duration::from_secs(10))
             .context("watermarks")?;
         if high > 0 {
-            targets.insert(partition, high);
+            reported.insert(partition, high);
         }
     }
     let started = Instant::now();
+    let mut last_record = Instant::now();
     loop {
-        let short: Vec<(i32, i64, i64)> = targets
+        if reader.poll_for(Duration::from_millis(200))? > 0 {
+            last_record = Instant::now();
+        }
+        let short: Vec<(i32, i64, i64)> = reported
             .iter()
             .map(|(partition, high)| {
                 (
@@ -218,15 +241,28 @@ pub fn read_to_end(brokers: &str, topic: &str, timeout: Duration) -> Result<Vec<
             })
             .filter(|(_, read, high)| read < high)
             .collect();
-        if short.is_empty() {
+        let enough = reader.messages.len() >= at_least;
+        let quiet = last_record.elapsed() >= QUIET_PAST_END;
+        if short.is_empty() && enough && quiet {
             return Ok(reader.into_messages());
         }
         if started.elapsed() >= timeout {
+            let read = reader.messages.len();
+            let ends = &reader.ends;
+            if !short.is_empty() {
+                bail!(
+                    "{topic}: partitions (partition, read up to, reported end) short of their end after {timeout:?}: {short:?}; {read} records read"
+                );
+            }
+            if !enough {
+                bail!(
+                    "{topic}: {read} records read after {timeout:?}, expected at least {at_least}; ends read per partition: {ends:?}"
+                );
+            }
             bail!(
-                "{topic}: partitions (partition, read up to, end) short of their end after {timeout:?}: {short:?}"
+                "{topic}: records still arriving after {timeout:?} ({read} read; ends per partition: {ends:?}): the topic never went quiet for {QUIET_PAST_END:?}"
             );
         }
-        reader.poll_for(Duration::from_millis(200))?;
     }
 }
 
