@@ -1,0 +1,17 @@
+//! Every cross-service test, one module per file of this directory, linked into one binary
+//! (`cargo nextest run -E 'test(/^dedup_state::/)'` runs one file's tests). Each file says what it
+//! proves; the harness they share is `contrail-testkit`.
+
+mod auth;
+mod changefeed_sync;
+mod contrail_up;
+mod cosmos_writer;
+mod dedup_state;
+mod delta_archiver;
+mod deploy;
+mod exactly_once;
+mod ingest_api;
+mod ingest_resilience;
+mod layering;
+mod poison;
+mod replay_cli;
