@@ -1586,9 +1586,9 @@ fn replay_with_chaos_and_check(run: ChaosRun<'_>) -> serde_json::Value {
         .map(|change| format!("{}#{}", change.id, change.lsn))
         .collect();
     identities.insert("serving_changes", change_ids.into_iter().collect());
-    // The platform settles once every flight's last version is in serving_changes; a change a
-    // restarted cosmos-writer's replay produced after it may still be on its way to Delta. Every
-    // other table is complete at settling and is read once.
+    // The platform settles once delta-archiver has archived every topic up to where it ended then;
+    // a change a restarted cosmos-writer produced after that may still be on its way to Delta.
+    // Missing rows are waited for; an unexpected or doubled row fails at once.
     let archived_by = std::time::Instant::now() + Duration::from_secs(120);
     let reports = loop {
         let reports = verify_tables(
@@ -1598,14 +1598,20 @@ fn replay_with_chaos_and_check(run: ChaosRun<'_>) -> serde_json::Value {
             &BTreeMap::new(),
         )
         .expect("independent reader");
-        let changes = &reports["serving_changes"];
-        if changes.missing == 0 || std::time::Instant::now() > archived_by {
+        let missing: Vec<String> = reports
+            .iter()
+            .filter(|(_, report)| report.missing > 0)
+            .map(|(table, report)| {
+                format!(
+                    "{table}: {} missing, e.g. {:?}",
+                    report.missing, report.missing_sample
+                )
+            })
+            .collect();
+        if missing.is_empty() || std::time::Instant::now() > archived_by {
             break reports;
         }
-        println!(
-            "serving_changes: {} changes of the topic not archived yet, e.g. {:?}",
-            changes.missing, changes.missing_sample
-        );
+        println!("not archived yet: {}", missing.join("; "));
         std::thread::sleep(Duration::from_secs(3));
     };
     for (table, report) in &reports {
@@ -2374,15 +2380,22 @@ fn one_event_is_followed_as_one_trace_from_the_request_to_cosmos_and_delta() {
     let record = one("dedup-state.record", None);
     continues(&record, "dedup-state", &request, &flight_key);
     assert!(record.attribute("messaging.kafka.offset").is_some());
-    let batch_links = receiver
-        .spans()
-        .into_iter()
-        .filter(|span| span.name == "dedup-state.batch")
-        .any(|span| {
-            span.links
-                .contains(&(TRACE_ID.to_owned(), record.span_id.clone()))
-        });
-    assert!(batch_links, "a dedup-state batch span links to the record's span");
+    // A span that links to others closes after them and may leave its stage in a later export.
+    let eventually = |what: &str, found: &dyn Fn(&[ReceivedSpan]) -> bool| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while !found(&receiver.spans()) {
+            assert!(std::time::Instant::now() < deadline, "{what}, after 30 s");
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    };
+    eventually("a dedup-state batch span links to the record's span", &|spans| {
+        spans.iter().any(|span| {
+            span.name == "dedup-state.batch"
+                && span
+                    .links
+                    .contains(&(TRACE_ID.to_owned(), record.span_id.clone()))
+        })
+    });
 
     let write = one("cosmos-writer.write", None);
     continues(&write, "cosmos-writer", &record, &flight_key);
@@ -2409,16 +2422,17 @@ fn one_event_is_followed_as_one_trace_from_the_request_to_cosmos_and_delta() {
             version_dir.exists(),
             "{table}: version {version} is in the table's log"
         );
-        let commit_linked = receiver.spans().into_iter().any(|span| {
-            span.name == "delta-archiver.commit"
-                && span.attribute("delta.version").as_deref() == Some(version.to_string().as_str())
-                && span
-                    .links
-                    .contains(&(TRACE_ID.to_owned(), archive.span_id.clone()))
-        });
-        assert!(
-            commit_linked,
-            "{table}: the commit span of version {version} links to the row's span"
+        eventually(
+            &format!("{table}: the commit span of version {version} links to the row's span"),
+            &|spans| {
+                spans.iter().any(|span| {
+                    span.name == "delta-archiver.commit"
+                        && span.attribute("delta.version").as_deref() == Some(version.to_string().as_str())
+                        && span
+                            .links
+                            .contains(&(TRACE_ID.to_owned(), archive.span_id.clone()))
+                })
+            },
         );
     }
     // Change-feed pages start traces of their own (serving documents carry no trace context);

@@ -114,11 +114,11 @@ fn check_dedup_outputs(brokers: &str, topics: &DedupTopics, expected: &Expected,
     );
 }
 
-/// Waits until the archiver committed every partition of the three topics up to their ends
-/// (dedup-state is caught up: nothing more is produced; the late topic may be empty).
+/// Waits until the archiver committed every partition of the four topics up to their ends
+/// (dedup-state is caught up: nothing more is produced; the late and alert topics may be empty).
 fn wait_archived(stage: &mut CosmosStage, brokers: &str, topics: &DedupTopics) {
     let mut ends = BTreeMap::new();
-    for topic in [&topics.accepted, &topics.curated, &topics.late] {
+    for topic in [&topics.accepted, &topics.curated, &topics.late, &topics.alerts] {
         for (partition, end) in settled_ends(brokers, topic, Duration::from_secs(2)).expect(topic) {
             ends.insert((topic.clone(), partition), end);
         }

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::extract::{Query, State};
-use contrail_testkit::{Broker, IngestOptions, event_ids, read_topic, shared_broker, start_ingest};
+use contrail_testkit::{Broker, IngestOptions, event_ids, read_to_end_at_least, shared_broker, start_ingest};
 use serde_json::{Value, json};
 
 fn real_events(from_day: u32, count: usize) -> Vec<Value> {
@@ -25,8 +25,10 @@ fn real_events(from_day: u32, count: usize) -> Vec<Value> {
     events
 }
 
+/// Every event id on the topic, read to its true end: it can hold more records than `at_least`
+/// (copies a retry sent), so a count alone could stop before a partition's tail.
 fn ids_on_topic(brokers: &str, topic: &str, at_least: usize) -> Vec<String> {
-    event_ids(&read_topic(brokers, topic, at_least, Duration::from_secs(60)).expect("read topic"))
+    event_ids(&read_to_end_at_least(brokers, topic, at_least, Duration::from_secs(60)).expect("read topic"))
 }
 
 #[tokio::test(flavor = "multi_thread")]

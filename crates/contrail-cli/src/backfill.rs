@@ -25,12 +25,12 @@ use clap::{Args, Subcommand};
 use contrail_common::metrics::MetricsRegistry;
 use contrail_cosmos::writer::{Change, DocumentWriter, Outcome, WriteError, WriteMetrics};
 use contrail_history::Table;
-use contrail_history::reader::{archived_offsets, scan};
+use contrail_history::reader::scan;
 use futures::StreamExt as _;
 use indicatif::{ProgressBar, ProgressStyle};
 use prost::Message as _;
-use rdkafka::consumer::BaseConsumer;
 
+use crate::archived::{ArchiverWait, wait_for_archiver};
 use crate::store::{longs, records, strings};
 
 /// Options of `contrail backfill`.
@@ -426,96 +426,6 @@ impl RuBudget {
         if !delay.is_zero() {
             tokio::time::sleep(delay).await;
         }
-    }
-}
-
-/// What to wait for: delta-archiver having archived `topic` into `table` under `delta_root` up to
-/// where the topic ends now.
-pub(crate) struct ArchiverWait<'a> {
-    pub(crate) kafka: contrail_common::kafka::KafkaConfig,
-    pub(crate) delta_root: &'a str,
-    pub(crate) table: Table,
-    pub(crate) topic: &'a str,
-    pub(crate) timeout_secs: u64,
-    pub(crate) quiet: bool,
-}
-
-/// Waits until delta-archiver has archived the topic up to its current end (an error after the
-/// timeout names the partitions behind).
-pub(crate) async fn wait_for_archiver(wait: ArchiverWait<'_>) -> Result<()> {
-    let kafka = wait.kafka.clone();
-    let topic = wait.topic.to_owned();
-    let table = wait.table;
-    let ends = {
-        let kafka = kafka.clone();
-        let reading = topic.clone();
-        tokio::task::spawn_blocking(move || -> Result<Vec<(i32, i64, i64)>> {
-            let consumer: BaseConsumer = kafka
-                .client_config("contrail-backfill")?
-                .set("group.id", "contrail-backfill")
-                .set("enable.auto.commit", "false")
-                .create()
-                .with_context(|| format!("a Kafka client for {}", crate::args::describe(&kafka)))?;
-            crate::args::read_ends(&consumer, &kafka, &reading)
-        })
-        .await
-        .context("the broker reader stopped")?
-        .with_context(|| format!("finding where {topic} ends, to wait for delta-archiver (--no-wait-for-archiver reads the history as it is)"))?
-    };
-    // Partitions holding records: the last offset each must be archived up to.
-    let targets: Vec<(i32, i64)> = ends
-        .iter()
-        .filter(|(_, low, high)| high > low)
-        .map(|(partition, _, high)| (*partition, high - 1))
-        .collect();
-    let partitions: Vec<i32> = targets.iter().map(|(partition, _)| *partition).collect();
-    let deadline = Instant::now() + Duration::from_secs(wait.timeout_secs);
-    let spinner = if wait.quiet {
-        ProgressBar::hidden()
-    } else {
-        ProgressBar::new_spinner()
-    };
-    loop {
-        let archived = archived_offsets(wait.delta_root, &HashMap::new(), table, &topic, &partitions)
-            .await
-            .with_context(|| {
-                format!(
-                    "reading {}'s archived offsets under {}",
-                    table.name(),
-                    wait.delta_root
-                )
-            })?;
-        let behind: Vec<String> = targets
-            .iter()
-            .zip(&archived)
-            .filter(|((_, target), archived)| archived.is_none_or(|offset| offset < *target))
-            .map(|((partition, target), archived)| {
-                let done = archived.map_or_else(|| "nothing".to_owned(), |offset| offset.to_string());
-                format!("partition {partition}: {done} of {target}")
-            })
-            .collect();
-        if behind.is_empty() {
-            spinner.finish_and_clear();
-            println!(
-                "delta-archiver has archived {topic} up to its end ({} partitions with records)",
-                targets.len()
-            );
-            return Ok(());
-        }
-        if Instant::now() >= deadline {
-            spinner.finish_and_clear();
-            bail!(
-                "delta-archiver has not archived {topic} up to its end after {} s ({}); is it running? --no-wait-for-archiver reads the history as it is",
-                wait.timeout_secs,
-                behind.join(", ")
-            );
-        }
-        spinner.set_message(format!(
-            "waiting for delta-archiver to archive {topic} up to its end: {}",
-            behind.join(", ")
-        ));
-        spinner.tick();
-        tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }
 

@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand};
 
 mod admin;
 mod alerts;
+mod archived;
 mod args;
 mod backfill;
 mod board;

@@ -135,7 +135,7 @@ pub async fn run(args: ReprocessArgs) -> Result<()> {
     }
 
     if !args.no_wait_for_archiver {
-        crate::backfill::wait_for_archiver(crate::backfill::ArchiverWait {
+        crate::archived::wait_for_archiver(crate::archived::ArchiverWait {
             kafka: kafka.clone(),
             delta_root: &args.from_delta,
             table: Table::Events,

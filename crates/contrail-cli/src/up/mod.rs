@@ -436,7 +436,16 @@ impl Run<'_> {
         // Wait until chaos is over and the stores satisfy every check (or time runs out).
         up.set_phase("settling").await;
         let deadline = Instant::now() + Duration::from_secs(args.drain_timeout_s);
-        let report = settle::settle(up, &stores, &totals.events, deadline, &status, &bar).await;
+        let delta_root = up.workdir.join("delta").display().to_string();
+        let history = settle::History {
+            kafka: contrail_common::kafka::KafkaConfig {
+                brokers: format!("127.0.0.1:{}", ports.broker()),
+                ..contrail_common::kafka::KafkaConfig::default()
+            },
+            delta_root: &delta_root,
+            archived: settle::archived_topics(args.rotation),
+        };
+        let report = settle::settle(up, &stores, &history, &totals.events, deadline, &status, &bar).await;
         let settled = replay_started.elapsed();
         let cosmos_latency = sampler.finish().await;
         Milestones::set(&up.milestones.finished);
