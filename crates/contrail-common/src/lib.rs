@@ -11,6 +11,7 @@ pub mod admin;
 pub mod auth;
 pub mod build_info;
 pub mod config;
+pub mod consume;
 pub mod dead_letter;
 pub mod error;
 pub mod kafka;

@@ -27,6 +27,7 @@ use std::sync::mpsc::{self, Receiver};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use contrail_common::consume::{Gap, judge_gap};
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, RebalanceProtocol};
 use rdkafka::message::Message;
 use rdkafka::types::RDKafkaRespErr;
@@ -60,8 +61,7 @@ pub enum GapAction {
     Fail(String),
 }
 
-/// How many times a partition is re-read from its stored offset before the gap is judged.
-pub const GAP_RETRIES: u32 = 3;
+pub use contrail_common::consume::GAP_RETRIES;
 
 /// Decides on a gap at `partition`: `expected` is the shard's stored offset, `got` the first
 /// record read, `attempts` how many times this gap was seen in a row, `low_watermark` the
@@ -73,18 +73,15 @@ pub fn on_gap(
     attempts: u32,
     low_watermark: Option<i64>,
 ) -> GapAction {
-    if attempts < GAP_RETRIES {
-        return GapAction::Reseek;
-    }
-    match low_watermark {
-        Some(low) if low > expected => GapAction::Fail(format!(
-            "partition {partition}: records {expected}..{} are gone from the broker (its log starts at {low}: \
+    match judge_gap(expected, got, attempts, low_watermark) {
+        Gap::Reseek => GapAction::Reseek,
+        Gap::NothingLost => GapAction::Accept,
+        Gap::Lost { from, to, log_start } => GapAction::Fail(format!(
+            "partition {partition}: records {from}..{to} are gone from the broker (its log starts at {log_start}: \
              retention?); dedup-state stops rather than skip them. Restore the data, or accept the loss by \
-             restoring the shard from a checkpoint taken after them",
-            low.min(got)
+             restoring the shard from a checkpoint taken after them"
         )),
-        Some(_) => GapAction::Accept,
-        None => GapAction::Fail(format!(
+        Gap::Unknown => GapAction::Fail(format!(
             "partition {partition}: reads start at offset {got}, not at the stored {expected}, and the \
              broker's log start cannot be read"
         )),
