@@ -116,11 +116,7 @@ async fn observe(stores: &Stores, events: &HashSet<(String, String)>, status: &P
 
 /// Reads where each archived topic ends and waits until delta-archiver has archived it up to
 /// there (or `deadline`: then an error naming what is behind); the ends.
-async fn caught_up(
-    history: &History<'_>,
-    deadline: Instant,
-    status: &ProgressBar,
-) -> anyhow::Result<Ends> {
+async fn caught_up(history: &History<'_>, deadline: Instant, status: &ProgressBar) -> anyhow::Result<Ends> {
     let mut ends = Vec::new();
     for (table, topic) in &history.archived {
         status.set_message(format!("settling: reading where {topic} ends"));
