@@ -110,9 +110,8 @@ pub fn partition_ends(
         .collect()
 }
 
-/// How long [`read_ends`] reads on after the last record before it takes a partition's end as
-/// found, and how long it reads at most (a topic still being written has no end to find).
-const QUIET_PAST_END: Duration = Duration::from_millis(1_500);
+/// How long [`read_ends`] reads at most (a topic still being written has no end to find); it
+/// takes a partition's end as found once nothing arrived for `QUIET_PAST_END`.
 const READ_ENDS_AT_MOST: Duration = Duration::from_secs(20);
 
 /// [`partition_ends`], with each end read rather than asked: a broker's reported high watermark
@@ -138,7 +137,9 @@ pub fn read_ends(consumer: &BaseConsumer, kafka: &KafkaConfig, topic: &str) -> R
         .with_context(|| format!("reading the tail of {topic}"))?;
     let started = Instant::now();
     let mut last_record = Instant::now();
-    while last_record.elapsed() < QUIET_PAST_END && started.elapsed() < READ_ENDS_AT_MOST {
+    while last_record.elapsed() < contrail_common::kafka::QUIET_PAST_END
+        && started.elapsed() < READ_ENDS_AT_MOST
+    {
         match consumer.poll(Duration::from_millis(100)) {
             Some(Ok(message)) => {
                 last_record = Instant::now();

@@ -19,6 +19,12 @@ pub const EVENT_HUBS_MAX_MESSAGE_BYTES: u32 = 1_000_000;
 /// librdkafka's default `message.max.bytes`: the largest message a producer sends.
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 1_000_000;
 
+/// How long a partition must stay quiet past the end the broker reported before a read "to the
+/// end" takes its end as found: a reported end can trail the log (the local broker reports the
+/// first offset of a partition's last batch + 1), so the records past it are read, not trusted
+/// away. Shared by `contrail` (backfill, settling) and the tests.
+pub const QUIET_PAST_END: std::time::Duration = std::time::Duration::from_millis(1_500);
+
 /// How a stage reaches its Kafka-protocol broker. Its `Debug` and `Serialize` (the effective
 /// configuration printed at start-up and by `--print-config`) redact every property whose name
 /// says it holds a secret ([`is_secret_property`]).

@@ -9,17 +9,17 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use contrail_common::dead_letter::Unprocessable;
+use contrail_common::consume::DeadLetters;
 use contrail_common::shutdown::Shutdown;
 use contrail_common::trace::TraceParent;
 use contrail_flight::document::{PREDICTION_GUARD, flight_document, prediction_fields};
-use contrail_proto::v1::{FlightPrediction, FlightState, SourcePosition};
+use contrail_proto::v1::{FlightPrediction, FlightState};
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use prost::Message as _;
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::message::{Message, OwnedMessage};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::FutureProducer;
 use rdkafka::{Offset, TopicPartitionList};
 use tracing::Instrument;
 
@@ -205,31 +205,19 @@ impl Loop<'_> {
     async fn dead_letter(&self, message: &OwnedMessage, reason: String) -> Result<(), Stop> {
         self.metrics.dead_letters.inc();
         tracing::warn!(partition = message.partition(), offset = message.offset(), %reason, "record to the dead-letter topic");
-        let key = message.key().unwrap_or_default();
-        let payload = Unprocessable {
-            position: SourcePosition {
-                topic: message.topic().to_owned(),
-                partition: message.partition(),
-                offset: message.offset(),
-            },
-            key,
-            payload: message.payload().unwrap_or_default(),
-            content_type: match self.config.input {
-                Input::FlightStates => "application/x-protobuf; contrail.v1.FlightState",
-                Input::Predictions => "application/x-protobuf; contrail.v1.FlightPrediction",
-            }
-            .to_owned(),
-        }
-        .dead_letter("cosmos-writer", reason, 0, self.config.kafka.max_message_bytes());
-        let mut record = FutureRecord::to(&self.config.topics.dlq)
-            .key(key)
-            .payload(&payload);
-        if let Some(trace) = TraceParent::of_record(message.headers()) {
-            record = record.headers(trace.record_headers());
-        }
-        match self.dlq.send(record, Duration::from_secs(300)).await {
-            Ok(_) => Ok(()),
-            Err((error, _)) => {
+        let content_type = match self.config.input {
+            Input::FlightStates => "application/x-protobuf; contrail.v1.FlightState",
+            Input::Predictions => "application/x-protobuf; contrail.v1.FlightPrediction",
+        };
+        let letters = DeadLetters {
+            producer: self.dlq,
+            topic: &self.config.topics.dlq,
+            stage: "cosmos-writer",
+            max_message_bytes: self.config.kafka.max_message_bytes(),
+        };
+        match letters.send(message, reason, content_type.to_owned(), 0).await {
+            Ok(()) => Ok(()),
+            Err(error) => {
                 // Without the dead letter acknowledged its partition must not be committed past it.
                 tracing::error!(%error, "dead-letter topic refused the record");
                 Err(Stop)

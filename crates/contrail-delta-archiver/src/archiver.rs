@@ -8,15 +8,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use contrail_common::dead_letter::Unprocessable;
+use contrail_common::consume::DeadLetters;
 use contrail_common::server::Health;
 use contrail_common::shutdown::Shutdown;
 use contrail_common::trace::TraceParent;
 use contrail_history::Table;
-use contrail_proto::v1::SourcePosition;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::message::{Message, OwnedMessage};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::FutureProducer;
 use rdkafka::{Offset, TopicPartitionList};
 use tracing::Instrument;
 
@@ -580,45 +579,33 @@ impl Archiver<'_> {
         table: Table,
         keys: &[TopicPartition],
     ) -> Result<(), DeltaArchiverError> {
-        let mut letters = Vec::new();
+        let mut dead = Vec::new();
         for key in keys {
             if let Some(progress) = self.partitions.get(key) {
                 for (message, reason) in &progress.dead {
-                    letters.push((message.clone(), reason.clone()));
+                    dead.push((message.clone(), reason.clone()));
                 }
             }
         }
-        for (message, reason) in letters {
+        let letters = DeadLetters {
+            producer: self.dlq,
+            topic: &self.config.topics.dlq,
+            stage: "delta-archiver",
+            max_message_bytes: self.config.kafka.max_message_bytes(),
+        };
+        for (message, reason) in dead {
             self.metrics.dead_letters.with_label_values(&[table.name()]).inc();
             tracing::warn!(table = table.name(), topic = message.topic(), partition = message.partition(), offset = message.offset(), %reason, "record to the dead-letter topic");
-            let key = message.key().unwrap_or_default();
-            let payload = Unprocessable {
-                position: SourcePosition {
-                    topic: message.topic().to_owned(),
-                    partition: message.partition(),
-                    offset: message.offset(),
-                },
-                key,
-                payload: message.payload().unwrap_or_default(),
-                content_type: format!("application/x-protobuf; {}", table.message()),
-            }
-            .dead_letter(
-                "delta-archiver",
-                reason,
-                chrono::Utc::now().timestamp_micros(),
-                self.config.kafka.max_message_bytes(),
-            );
-            let mut record = FutureRecord::to(&self.config.topics.dlq)
-                .key(key)
-                .payload(&payload);
-            if let Some(trace) = TraceParent::of_record(message.headers()) {
-                record = record.headers(trace.record_headers());
-            }
             // Without the dead letter acknowledged the batch must not be committed.
-            self.dlq
-                .send(record, Duration::from_secs(300))
+            letters
+                .send(
+                    &message,
+                    reason,
+                    format!("application/x-protobuf; {}", table.message()),
+                    chrono::Utc::now().timestamp_micros(),
+                )
                 .await
-                .map_err(|(error, _)| DeltaArchiverError::Broker(format!("dead-letter topic: {error}")))?;
+                .map_err(|error| DeltaArchiverError::Broker(format!("dead-letter topic: {error}")))?;
         }
         Ok(())
     }

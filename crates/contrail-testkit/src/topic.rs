@@ -180,10 +180,7 @@ pub fn read_topic(
     Ok(reader.into_messages())
 }
 
-/// How long every partition must stay quiet past the end it reported before a read "to the end"
-/// stops: a broker's reported end can trail its log (docs/TESTING.md, "The local broker's
-/// reported end"), so the records past it are read, not trusted away.
-pub const QUIET_PAST_END: Duration = Duration::from_millis(1_500);
+pub use contrail_common::kafka::QUIET_PAST_END;
 
 /// Reads every record of `topic` to its true end — for outputs of a stage that is caught up. A
 /// count-based read ([`read_topic`]) can stop before a partition's tail when the topic also holds
