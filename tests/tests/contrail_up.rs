@@ -19,7 +19,7 @@ use contrail_testkit::delta::verify_tables;
 use contrail_testkit::otlp::ReceivedSpan;
 use contrail_testkit::prometheus::stage_pid;
 use contrail_testkit::up::UpUnderTest;
-use contrail_testkit::{Probe, TopicReader, quiescent_ends, read_topic, test_dir};
+use contrail_testkit::{Probe, TopicReader, quiescent_ends, read_topic, test_dir, wait_until};
 
 /// The ingest token of the month test's platform.
 const MONTH_TOKEN: &str = "month-test-ingest-token-0123456789";
@@ -1589,31 +1589,34 @@ fn replay_with_chaos_and_check(run: ChaosRun<'_>) -> serde_json::Value {
     // The platform settles once delta-archiver has archived every topic up to where it ended then;
     // a change a restarted cosmos-writer produced after that may still be on its way to Delta.
     // Missing rows are waited for; an unexpected or doubled row fails at once.
-    let archived_by = std::time::Instant::now() + Duration::from_secs(120);
-    let reports = loop {
-        let reports = verify_tables(
-            &up.delta_root(),
-            &dir.join("verify"),
-            &identities,
-            &BTreeMap::new(),
-        )
-        .expect("independent reader");
-        let missing: Vec<String> = reports
-            .iter()
-            .filter(|(_, report)| report.missing > 0)
-            .map(|(table, report)| {
-                format!(
-                    "{table}: {} missing, e.g. {:?}",
-                    report.missing, report.missing_sample
-                )
+    let reports = wait_until(
+        "Delta to hold every expected row",
+        Duration::from_secs(120),
+        || {
+            let reports = verify_tables(
+                &up.delta_root(),
+                &dir.join("verify"),
+                &identities,
+                &BTreeMap::new(),
+            )?;
+            let missing: Vec<String> = reports
+                .iter()
+                .filter(|(_, report)| report.missing > 0 && report.unexpected == 0)
+                .map(|(table, report)| {
+                    format!(
+                        "{table}: {} missing, e.g. {:?}",
+                        report.missing, report.missing_sample
+                    )
+                })
+                .collect();
+            Ok(if missing.is_empty() {
+                Probe::Ready(reports)
+            } else {
+                Probe::NotYet(missing.join("; "))
             })
-            .collect();
-        if missing.is_empty() || std::time::Instant::now() > archived_by {
-            break reports;
-        }
-        println!("not archived yet: {}", missing.join("; "));
-        std::thread::sleep(Duration::from_secs(3));
-    };
+        },
+    )
+    .expect("independent reader");
     for (table, report) in &reports {
         println!("{table}: {report:?}");
         assert_eq!(report.missing, 0, "{table}: missing {:?}", report.missing_sample);
@@ -2382,11 +2385,15 @@ fn one_event_is_followed_as_one_trace_from_the_request_to_cosmos_and_delta() {
     assert!(record.attribute("messaging.kafka.offset").is_some());
     // A span that links to others closes after them and may leave its stage in a later export.
     let eventually = |what: &str, found: &dyn Fn(&[ReceivedSpan]) -> bool| {
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        while !found(&receiver.spans()) {
-            assert!(std::time::Instant::now() < deadline, "{what}, after 30 s");
-            std::thread::sleep(Duration::from_millis(500));
-        }
+        wait_until(what, Duration::from_secs(30), || {
+            let spans = receiver.spans();
+            Ok(if found(&spans) {
+                Probe::Ready(())
+            } else {
+                Probe::NotYet(format!("{} spans", spans.len()))
+            })
+        })
+        .expect("the linking span arrives");
     };
     eventually("a dedup-state batch span links to the record's span", &|spans| {
         spans.iter().any(|span| {

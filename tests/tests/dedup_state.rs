@@ -602,22 +602,26 @@ fn a_broker_outage_holds_the_outputs_and_they_arrive_in_input_order() {
     broker.pause();
     // Records fetched before the outage are still processed until the outputs in flight reach
     // their bound: wait until the count stops moving (3 s unchanged), then it must stay put.
-    let stopped_by = std::time::Instant::now() + Duration::from_secs(60);
-    let mut during = stage.status().expect("the admin API answers during the outage");
-    let mut unchanged_since = std::time::Instant::now();
-    while unchanged_since.elapsed() < Duration::from_secs(3) {
-        assert!(
-            std::time::Instant::now() < stopped_by,
-            "consumption did not stop within 60 s of the outage: {} records processed",
-            processed(&during)
-        );
-        std::thread::sleep(Duration::from_millis(500));
-        let now = stage.status().expect("the admin API answers during the outage");
-        if processed(&now) != processed(&during) {
-            unchanged_since = std::time::Instant::now();
-        }
-        during = now;
-    }
+    let (mut last, mut unchanged_since) = (None, std::time::Instant::now());
+    let during = stage
+        .process
+        .wait_until(
+            "consumption to stop (3 s unchanged)",
+            Duration::from_secs(60),
+            || {
+                let now = contrail_testkit::dedup::status_of(&grpc, &token)?;
+                if last != Some(processed(&now)) {
+                    last = Some(processed(&now));
+                    unchanged_since = std::time::Instant::now();
+                }
+                Ok(if unchanged_since.elapsed() >= Duration::from_secs(3) {
+                    contrail_testkit::Probe::Ready(now)
+                } else {
+                    contrail_testkit::Probe::NotYet(format!("{} processed", processed(&now)))
+                })
+            },
+        )
+        .expect("the admin API answers during the outage, and consumption stops");
     std::thread::sleep(Duration::from_secs(8));
     let later = stage.status().expect("status");
     println!(

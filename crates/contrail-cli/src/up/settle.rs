@@ -29,9 +29,6 @@ pub(super) fn archived_topics(rotation: bool) -> Vec<(Table, &'static str)> {
     archived
 }
 
-/// Each archived table, its topic and the last offset of each of its partitions with records.
-type Ends = Vec<(Table, &'static str, Vec<(i32, i64)>)>;
-
 /// Where the history is and what it is archived from.
 pub(super) struct History<'a> {
     pub(super) kafka: KafkaConfig,
@@ -56,7 +53,8 @@ pub(super) async fn settle(
     status: &ProgressBar,
     bar: &ProgressBar,
 ) -> Report {
-    let mut targets: Option<Ends> = None;
+    // Set once delta-archiver has archived up to the ends read after the checks first passed.
+    let mut archived_to_ends = false;
     loop {
         let report = observe(stores, events, status).await;
         let chaos_over = Milestones::is_set(&up.milestones.chaos_done);
@@ -64,16 +62,16 @@ pub(super) async fn settle(
             return report;
         }
         if chaos_over && report.passed() {
-            match &targets {
-                // Archived up to the ends read after the checks passed: this report counts it.
-                Some(_) => return report,
-                None => match caught_up(history, deadline, status).await {
-                    Ok(ends) => {
-                        targets = Some(ends);
-                        continue;
-                    }
-                    Err(error) => status.set_message(format!("settling: {error:#}")),
-                },
+            // Read after archiving up to the ends: this report counts it.
+            if archived_to_ends {
+                return report;
+            }
+            match caught_up(history, deadline, status).await {
+                Ok(()) => {
+                    archived_to_ends = true;
+                    continue;
+                }
+                Err(error) => status.set_message(format!("settling: {error:#}")),
             }
         }
         bar.set_message(format!(
@@ -115,8 +113,8 @@ async fn observe(stores: &Stores, events: &HashSet<(String, String)>, status: &P
 }
 
 /// Reads where each archived topic ends and waits until delta-archiver has archived it up to
-/// there (or `deadline`: then an error naming what is behind); the ends.
-async fn caught_up(history: &History<'_>, deadline: Instant, status: &ProgressBar) -> anyhow::Result<Ends> {
+/// there (or `deadline`: then an error naming what is behind).
+async fn caught_up(history: &History<'_>, deadline: Instant, status: &ProgressBar) -> anyhow::Result<()> {
     let mut ends = Vec::new();
     for (table, topic) in &history.archived {
         status.set_message(format!("settling: reading where {topic} ends"));
@@ -134,7 +132,7 @@ async fn caught_up(history: &History<'_>, deadline: Instant, status: &ProgressBa
             }
         }
         if behind.is_empty() {
-            return Ok(ends);
+            return Ok(());
         }
         if Instant::now() > deadline {
             anyhow::bail!(
