@@ -115,15 +115,16 @@ async fn observe(stores: &Stores, events: &HashSet<(String, String)>, status: &P
 /// Reads where each archived topic ends and waits until delta-archiver has archived it up to
 /// there (or `deadline`: then an error naming what is behind).
 async fn caught_up(history: &History<'_>, deadline: Instant, status: &ProgressBar) -> anyhow::Result<()> {
-    let mut ends = Vec::new();
-    for (table, topic) in &history.archived {
-        status.set_message(format!("settling: reading where {topic} ends"));
-        ends.push((
+    // Each read waits for its topic to stay quiet past its end: read them all at once.
+    status.set_message("settling: reading where each archived topic ends");
+    let ends = futures::future::try_join_all(history.archived.iter().map(|(table, topic)| async move {
+        anyhow::Ok((
             *table,
             *topic,
             crate::archived::last_offsets(&history.kafka, topic).await?,
-        ));
-    }
+        ))
+    }))
+    .await?;
     loop {
         let mut behind = Vec::new();
         for (table, topic, targets) in &ends {
