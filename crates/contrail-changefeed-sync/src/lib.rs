@@ -20,6 +20,7 @@
 
 pub mod balance;
 mod change;
+pub mod cli;
 pub mod config;
 pub mod error;
 mod feed;

@@ -20,6 +20,7 @@
 //! version of each document (as the service's latest-version mode does between polls).
 
 pub mod auth;
+pub mod cli;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -13,6 +13,7 @@
 //! already in Cosmos DB or not yet, and the guard makes both harmless: every flight ends at its
 //! highest version.
 
+pub mod cli;
 pub mod config;
 mod consume;
 pub mod error;

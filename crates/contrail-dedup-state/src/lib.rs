@@ -14,6 +14,7 @@
 
 pub mod admin;
 pub mod checkpointing;
+pub mod cli;
 pub mod config;
 pub mod error;
 pub mod in_flight;

@@ -31,6 +31,7 @@
 
 pub mod applied;
 mod archiver;
+pub mod cli;
 pub mod config;
 mod consumer;
 pub mod error;

@@ -1,56 +1,6 @@
 //! `delta-archiver`: the pipeline's topics into Delta Lake history. See the
 //! `contrail_delta_archiver` crate docs.
 
-use std::process::ExitCode;
-
-use clap::{Parser, Subcommand};
-use contrail_delta_archiver::DeltaArchiverConfig;
-
-/// Archives ops.events.accepted → events, ops.flights.curated → flight_states, ops.events.late →
-/// late_events and ops.flights.changes → serving_changes as Delta Lake tables under
-/// CONTRAIL_DELTA_ROOT, partitioned by date. Exactly once: every commit stores the last offset of
-/// each source partition as a Delta txn action; a restarted or rebalanced instance resumes after
-/// it, and redelivered copies are dropped by identity. Undecodable records go to the dead-letter
-/// topic. Compaction and vacuum run on a schedule; checkpoints with the commits.
-///
-/// Configuration: built-in defaults < the TOML file given with --config < CONTRAIL_* environment
-/// variables (CONTRAIL_DELTA_ROOT=abfss://history@ACCOUNT.dfs.core.windows.net/contrail,
-/// CONTRAIL_KAFKA__BROKERS=host:9092, CONTRAIL_BATCH__MAX_ROWS=100000). Unknown keys are errors.
-#[derive(Parser)]
-#[command(name = "delta-archiver", version = contrail_common::version_text!())]
-struct Cli {
-    #[command(flatten)]
-    stage: contrail_common::stage::StageArgs,
-    #[command(subcommand)]
-    command: Option<Command>,
-}
-
-#[derive(Subcommand)]
-enum Command {
-    /// Compact and vacuum every table once, print what was done, and exit (no archiving).
-    Maintain {
-        /// Vacuum files unreferenced for longer than this many seconds instead of the configured
-        /// maintenance.vacuum_retention_s. Below an hour only while no archiver is writing: a
-        /// running archiver's files between their write and their commit look unreferenced.
-        #[arg(long)]
-        vacuum_retention_s: Option<u64>,
-    },
-}
-
-fn main() -> ExitCode {
-    let cli = Cli::parse();
-    match cli.command {
-        None => contrail_common::stage::main(
-            "delta-archiver",
-            &cli.stage,
-            |config: &DeltaArchiverConfig| &config.telemetry,
-            contrail_delta_archiver::run,
-        ),
-        Some(Command::Maintain { vacuum_retention_s }) => contrail_common::stage::main(
-            "delta-archiver",
-            &cli.stage,
-            |config: &DeltaArchiverConfig| &config.telemetry,
-            move |config, _shutdown| contrail_delta_archiver::maintain_once(config, vacuum_retention_s),
-        ),
-    }
+fn main() -> std::process::ExitCode {
+    contrail_delta_archiver::cli::main(contrail_common::version_text!())
 }

@@ -7,6 +7,7 @@
 //! `acks=all`), rejected ones as `DeadLetter` to `ops.events.dlq`. A request is acknowledged only
 //! after the broker acknowledged every record of it; memory is bounded by an in-flight limit.
 
+pub mod cli;
 pub mod config;
 pub mod delivery;
 pub mod error;
