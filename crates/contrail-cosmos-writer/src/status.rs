@@ -3,9 +3,9 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use contrail_common::admin::{AdminControls, StageStatus};
+use contrail_common::consume::{Standing, standings_off_runtime};
 use contrail_proto::admin::v1 as admin;
 use rdkafka::consumer::{BaseConsumer, Consumer, StreamConsumer};
 
@@ -43,30 +43,19 @@ impl StageStatus for WriterStatus {
             .lock()
             .map(|committed| committed.clone())
             .unwrap_or_default();
-        let watermarks = self.watermarks.clone();
-        let topic = self.topic.clone();
-        let partitions = tokio::task::spawn_blocking(move || {
-            owned
-                .iter()
-                .map(|partition| {
-                    let high = watermarks
-                        .fetch_watermarks(&topic, *partition, Duration::from_secs(2))
-                        .map(|(_, high)| high)
-                        .unwrap_or(-1);
-                    let next = committed.get(partition).copied().unwrap_or(-1);
-                    admin::PartitionStatus {
-                        topic: topic.clone(),
-                        partition: *partition,
-                        committed_offset: next,
-                        high_watermark: high,
-                        lag: contrail_common::kafka::partition_lag(high, next),
-                        state_bytes: 0,
-                    }
-                })
-                .collect::<Vec<_>>()
-        })
-        .await
-        .map_err(|error| tonic::Status::internal(error.to_string()))?;
+        let positions = owned
+            .into_iter()
+            .map(|partition| {
+                let next = committed.get(&partition).copied().unwrap_or(-1);
+                (self.topic.clone(), partition, next)
+            })
+            .collect();
+        let partitions = standings_off_runtime(self.watermarks.clone(), positions)
+            .await
+            .map_err(|error| tonic::Status::internal(error.to_string()))?
+            .iter()
+            .map(Standing::to_status)
+            .collect();
         let m = &self.metrics;
         let counters = [
             ("records_total", m.records.get() as f64),

@@ -4,11 +4,11 @@
 //! storage outages and scheduled maintenance handled between batches.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use contrail_common::consume::DeadLetters;
+use contrail_common::consume::{DeadLetters, RebalanceEvent, Rebalances, RecordingConsumer, TopicPartition};
 use contrail_common::server::Health;
 use contrail_common::shutdown::Shutdown;
 use contrail_common::trace::TraceParent;
@@ -21,7 +21,6 @@ use tracing::Instrument;
 
 use crate::applied::{AppliedPositions, Decision};
 use crate::config::DeltaArchiverConfig;
-use crate::consumer::{ArchiverConsumer, RebalanceEvent, TopicPartition};
 use crate::error::{DeltaArchiverError, STORAGE_ACCESS_HINT};
 use crate::metrics::ArchiverMetrics;
 use crate::progress::{FlushReason, Placement};
@@ -56,8 +55,8 @@ pub(crate) struct PartitionProgress {
 pub(crate) struct Archiver<'a> {
     pub(crate) config: &'a DeltaArchiverConfig,
     pub(crate) topics: HashMap<String, Table>,
-    pub(crate) consumer: &'a ArchiverConsumer,
-    pub(crate) events: &'a Mutex<Vec<RebalanceEvent>>,
+    pub(crate) consumer: &'a RecordingConsumer,
+    pub(crate) rebalances: &'a Rebalances,
     pub(crate) watermarks: &'a BaseConsumer,
     pub(crate) dlq: &'a FutureProducer,
     pub(crate) tables: Tables,
@@ -224,11 +223,7 @@ impl Archiver<'_> {
     /// Forgets partitions that were revoked or (re-)assigned: their uncommitted rows are dropped.
     /// Assigned partitions are queued to be started from their table position.
     fn handle_rebalances(&mut self) {
-        let events = match self.events.lock() {
-            Ok(mut events) => std::mem::take(&mut *events),
-            Err(_) => return,
-        };
-        for event in events {
+        for event in self.rebalances.take() {
             let (RebalanceEvent::Assigned(list) | RebalanceEvent::Revoked(list)) = &event;
             for (topic, partition) in list {
                 let key: TopicPartition = (Arc::from(topic.as_str()), *partition);

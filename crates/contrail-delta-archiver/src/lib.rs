@@ -33,7 +33,6 @@ pub mod applied;
 mod archiver;
 pub mod cli;
 pub mod config;
-mod consumer;
 pub mod error;
 pub mod maintenance;
 pub mod metrics;
@@ -43,9 +42,10 @@ mod status;
 pub mod table;
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
+use contrail_common::consume::{Rebalances, RecordingConsumer, RecordingContext};
 use contrail_common::metrics::MetricsRegistry;
 use contrail_common::shutdown::Shutdown;
 use contrail_common::stage::StageContext;
@@ -57,7 +57,6 @@ pub use config::DeltaArchiverConfig;
 pub use error::DeltaArchiverError;
 
 use crate::archiver::{Archiver, open_tables};
-use crate::consumer::{ArchiverConsumer, ArchiverContext, RebalanceEvent};
 use crate::metrics::ArchiverMetrics;
 use crate::status::{ArchiverStatus, Positions, update_lag};
 use crate::table::Tables;
@@ -87,14 +86,12 @@ pub async fn run(config: DeltaArchiverConfig, shutdown: Shutdown) -> Result<(), 
     };
     tracing::info!(root = %tables.root(), tables = tables_and_topics.len(), "Delta tables open");
 
-    let events: Arc<Mutex<Vec<RebalanceEvent>>> = Arc::default();
-    let consumer: Arc<ArchiverConsumer> = Arc::new(
+    let rebalances = Rebalances::default();
+    let consumer: Arc<RecordingConsumer> = Arc::new(
         config
             .kafka
             .consumer_config("delta-archiver", &config.group, &config.instance)?
-            .create_with_context(ArchiverContext {
-                events: events.clone(),
-            })
+            .create_with_context(RecordingContext::new(rebalances.clone()))
             .map_err(|error| DeltaArchiverError::Broker(format!("consumer: {error}")))?,
     );
     consumer
@@ -136,7 +133,7 @@ pub async fn run(config: DeltaArchiverConfig, shutdown: Shutdown) -> Result<(), 
             .map(|(table, topic)| (topic.clone(), *table))
             .collect(),
         consumer: &consumer,
-        events: &events,
+        rebalances: &rebalances,
         watermarks: &watermarks,
         dlq: &dlq,
         tables,

@@ -6,33 +6,29 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use contrail_common::admin::{AdminControls, StageStatus};
+use contrail_common::consume::{Standing, standings_off_runtime};
 use contrail_common::shutdown::Shutdown;
 use contrail_history::Table;
 use contrail_proto::admin::v1 as admin;
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::BaseConsumer;
 
 use crate::metrics::ArchiverMetrics;
 
 /// Next offset to archive per partition, as last committed to Delta (for status and lag).
 pub(crate) type Positions = Arc<Mutex<BTreeMap<(String, i32), i64>>>;
 
-/// `(topic, partition, next offset committed to Delta, high watermark or -1)` of every partition
-/// this instance has a position for. Blocking (asks the broker): call off the async workers.
-fn partition_positions(watermarks: &BaseConsumer, positions: &Positions) -> Vec<(String, i32, i64, i64)> {
-    let snapshot: Vec<((String, i32), i64)> = positions
+/// The `(topic, partition, next offset committed to Delta)` of every partition this instance has a
+/// position for.
+fn positions_now(positions: &Positions) -> Vec<(String, i32, i64)> {
+    positions
         .lock()
-        .map(|positions| positions.iter().map(|(k, v)| (k.clone(), *v)).collect())
-        .unwrap_or_default();
-    snapshot
-        .into_iter()
-        .map(|((topic, partition), next)| {
-            let high = watermarks
-                .fetch_watermarks(&topic, partition, Duration::from_secs(2))
-                .map(|(_, high)| high)
-                .unwrap_or(-1);
-            (topic, partition, next, high)
+        .map(|positions| {
+            positions
+                .iter()
+                .map(|((topic, partition), next)| (topic.clone(), *partition, *next))
+                .collect()
         })
-        .collect()
+        .unwrap_or_default()
 }
 
 /// Refreshes the lag metric every 10 s until the shutdown.
@@ -47,16 +43,14 @@ pub(crate) async fn update_lag(
             () = shutdown.triggered() => return,
             () = tokio::time::sleep(Duration::from_secs(10)) => {}
         }
-        let (watermarks, positions) = (watermarks.clone(), positions.clone());
-        let lags = tokio::task::spawn_blocking(move || partition_positions(&watermarks, &positions))
+        let standings = standings_off_runtime(watermarks.clone(), positions_now(&positions))
             .await
             .unwrap_or_default();
-        for (topic, partition, next, high) in lags {
-            let lag = contrail_common::kafka::partition_lag(high, next);
+        for standing in standings {
             metrics
                 .lag
-                .with_label_values(&[topic.as_str(), partition.to_string().as_str()])
-                .set(lag);
+                .with_label_values(&[standing.topic.as_str(), standing.partition.to_string().as_str()])
+                .set(standing.lag());
         }
     }
 }
@@ -74,19 +68,11 @@ pub(crate) struct ArchiverStatus {
 #[tonic::async_trait]
 impl StageStatus for ArchiverStatus {
     async fn status(&self) -> Result<admin::StatusResponse, tonic::Status> {
-        let (watermarks, positions) = (self.watermarks.clone(), self.positions.clone());
-        let partitions = tokio::task::spawn_blocking(move || partition_positions(&watermarks, &positions))
+        let partitions = standings_off_runtime(self.watermarks.clone(), positions_now(&self.positions))
             .await
             .map_err(|error| tonic::Status::internal(error.to_string()))?
-            .into_iter()
-            .map(|(topic, partition, next, high)| admin::PartitionStatus {
-                topic,
-                partition,
-                committed_offset: next,
-                high_watermark: high,
-                lag: contrail_common::kafka::partition_lag(high, next),
-                state_bytes: 0,
-            })
+            .iter()
+            .map(Standing::to_status)
             .collect();
         let m = &self.metrics;
         let sum = |vec: &prometheus::IntCounterVec| -> f64 {
