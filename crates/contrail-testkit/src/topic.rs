@@ -81,7 +81,15 @@ pub struct TopicReader {
     /// Per partition, one past the highest offset read.
     ends: BTreeMap<i32, i64>,
     keep: bool,
+    /// Consumer errors met so far (librdkafka reports transient ones, e.g. a broker connection
+    /// that dropped, and recovers by itself) and the last of them, for a failure's message.
+    errors: usize,
+    last_error: Option<String>,
 }
+
+/// Consumer errors one reader tolerates before it fails: enough to ride out a broker that is busy
+/// or reconnecting, few enough that a persistent failure surfaces at once.
+const TOLERATED_ERRORS: usize = 50;
 
 impl TopicReader {
     /// Opens the reader (fails if the topic does not exist).
@@ -103,6 +111,8 @@ impl TopicReader {
             messages: Vec::new(),
             ends: BTreeMap::new(),
             keep: true,
+            errors: 0,
+            last_error: None,
         })
     }
 
@@ -121,7 +131,17 @@ impl TopicReader {
                         self.messages.push(message.detach());
                     }
                 }
-                Some(Err(error)) => bail!("reading {}: {error}", self.topic),
+                Some(Err(error)) => {
+                    self.errors += 1;
+                    self.last_error = Some(error.to_string());
+                    if self.errors > TOLERATED_ERRORS {
+                        bail!(
+                            "reading {}: {} consumer errors, the last: {error}",
+                            self.topic,
+                            self.errors
+                        );
+                    }
+                }
                 None => {}
             }
             if left.is_zero() {
@@ -137,16 +157,25 @@ impl TopicReader {
         while self.messages.len() < expected {
             if started.elapsed() >= timeout {
                 bail!(
-                    "read {} of {expected} records of {} in {:.1} s; ends per partition: {:?}",
+                    "read {} of {expected} records of {} in {:.1} s; ends per partition: {:?}{}",
                     self.messages.len(),
                     self.topic,
                     started.elapsed().as_secs_f64(),
-                    self.ends
+                    self.ends,
+                    self.errors_seen()
                 );
             }
             self.poll_for(Duration::from_millis(200))?;
         }
         Ok(())
+    }
+
+    /// `; N consumer errors, the last: …`, or nothing when there was none.
+    fn errors_seen(&self) -> String {
+        match &self.last_error {
+            Some(last) => format!("; {} consumer errors, the last: {last}", self.errors),
+            None => String::new(),
+        }
     }
 
     /// Everything read so far, in arrival order.
@@ -246,18 +275,19 @@ pub fn read_to_end_at_least(
         if started.elapsed() >= timeout {
             let read = reader.messages.len();
             let ends = &reader.ends;
+            let errors = reader.errors_seen();
             if !short.is_empty() {
                 bail!(
-                    "{topic}: partitions (partition, read up to, reported end) short of their end after {timeout:?}: {short:?}; {read} records read"
+                    "{topic}: partitions (partition, read up to, reported end) short of their end after {timeout:?}: {short:?}; {read} records read{errors}"
                 );
             }
             if !enough {
                 bail!(
-                    "{topic}: {read} records read after {timeout:?}, expected at least {at_least}; ends read per partition: {ends:?}"
+                    "{topic}: {read} records read after {timeout:?}, expected at least {at_least}; ends read per partition: {ends:?}{errors}"
                 );
             }
             bail!(
-                "{topic}: records still arriving after {timeout:?} ({read} read; ends per partition: {ends:?}): the topic never went quiet for {QUIET_PAST_END:?}"
+                "{topic}: records still arriving after {timeout:?} ({read} read; ends per partition: {ends:?}): the topic never went quiet for {QUIET_PAST_END:?}{errors}"
             );
         }
     }
