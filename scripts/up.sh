@@ -11,11 +11,11 @@ cd "$(dirname "$0")/.."
 CONTRAIL_SETUP_ONLY=build
 source scripts/setup.sh
 setup_tools_start
-# The same build as the tests (one feature set, one RocksDB build). `--bins` alone would build less
-# but resolve other features (no dev-dependency features): the tests' build afterwards recompiled
-# tokio, serde, tonic … and every stage (docs/TESTING.md, "How long the build takes").
+# Only what `contrail up` runs: the binaries. The test command's build (`--all-targets`) reuses
+# every artifact of this one, because both resolve the same features
+# (tests/tests/build_sharing.rs).
 started=$SECONDS
-cargo build --workspace --all-targets
+cargo build --workspace --bins
 echo "== build took $((SECONDS - started)) s"
 setup_tools_finish
 exec "$CARGO_TARGET_DIR/debug/contrail" up "$@"

@@ -3,6 +3,7 @@
 //! proves; the harness they share is `contrail-testkit`.
 
 mod auth;
+mod build_sharing;
 mod changefeed_sync;
 mod contrail_up;
 mod cosmos_writer;

@@ -1,0 +1,96 @@
+//! `scripts/up.sh` builds only the binaries (`cargo build --workspace --bins`); `scripts/test.sh`
+//! builds every target on top of them. That reuses the binaries' artifacts only if both builds
+//! resolve the same features for every package: a feature that only a dev-dependency enables
+//! (resolver 2 leaves dev-dependencies out of a `--bins` build) gives that package, and every
+//! package above it, a second build — minutes of recompiling tokio, serde, tonic and the stages.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::process::Command;
+
+/// Each package (`name version`) and its features as `cargo tree` resolves them, with (`--edges
+/// normal,build,dev`, what `--all-targets` builds) or without (`--edges normal,build`, what
+/// `--bins` builds) dev-dependencies.
+fn resolved(edges: &str) -> BTreeMap<String, BTreeSet<String>> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent");
+    let output = Command::new(&cargo)
+        .args(["tree", "--workspace", "--offline", "--locked", "--prefix", "none"])
+        .args(["--edges", edges, "--format", "{p}|{f}"])
+        .current_dir(root)
+        .output()
+        .expect("cargo tree runs");
+    assert!(
+        output.status.success(),
+        "cargo tree --edges {edges} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    parse(&String::from_utf8_lossy(&output.stdout))
+}
+
+/// Lines `name vX.Y.Z (source)?|feature,feature` → package → features (`(*)` marks repeats).
+fn parse(text: &str) -> BTreeMap<String, BTreeSet<String>> {
+    let mut packages: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for line in text.lines().filter(|line| !line.trim().is_empty()) {
+        let (package, features) = line.split_once('|').unwrap_or((line, ""));
+        let mut words = package.split_whitespace();
+        let id = format!(
+            "{} {}",
+            words.next().unwrap_or_default(),
+            words.next().unwrap_or_default()
+        );
+        let features = features.trim().trim_end_matches("(*)").trim();
+        packages.entry(id).or_default().extend(
+            features
+                .split(',')
+                .map(str::trim)
+                .filter(|feature| !feature.is_empty())
+                .map(str::to_owned),
+        );
+    }
+    packages
+}
+
+#[test]
+fn the_binaries_build_resolves_the_same_features_as_the_tests_build() {
+    let bins = resolved("normal,build");
+    let all = resolved("normal,build,dev");
+    assert!(
+        bins.len() > 300 && bins.keys().any(|id| id.starts_with("tokio ")),
+        "cargo tree listed only {} packages",
+        bins.len()
+    );
+    let differing: Vec<String> = bins
+        .iter()
+        .filter_map(|(id, features)| {
+            let with_dev = all.get(id)?;
+            (with_dev != features).then(|| {
+                let only_with_dev: Vec<&String> = with_dev.difference(features).collect();
+                let only_without: Vec<&String> = features.difference(with_dev).collect();
+                format!("{id}: only with dev-dependencies {only_with_dev:?}, only without {only_without:?}")
+            })
+        })
+        .collect();
+    assert!(
+        differing.is_empty(),
+        "these packages would build twice (once for `--bins`, once for `--all-targets`); name the \
+         features in the workspace's [workspace.dependencies]: {differing:#?}"
+    );
+}
+
+#[test]
+fn the_feature_list_parser_reads_what_cargo_tree_prints() {
+    let parsed = parse(
+        "serde v1.0.229|alloc,default,derive,std\n\
+         contrail-proto v0.1.0 (/work/crates/contrail-proto)|\n\
+         serde v1.0.229|alloc,default,derive,std (*)\n",
+    );
+    assert_eq!(parsed.len(), 2);
+    assert_eq!(
+        parsed["serde v1.0.229"],
+        BTreeSet::from(["alloc", "default", "derive", "std"].map(str::to_owned))
+    );
+    assert!(parsed["contrail-proto v0.1.0"].is_empty());
+}
