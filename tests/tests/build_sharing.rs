@@ -3,23 +3,28 @@
 //! resolve the same features for every package: a feature that only a dev-dependency enables
 //! (resolver 2 leaves dev-dependencies out of a `--bins` build) gives that package, and every
 //! package above it, a second build — minutes of recompiling tokio, serde, tonic and the stages.
+//! And the packages the dev profile builds at opt-level 0 to save build time run only while
+//! building: none of them is linked into a binary the tests and `contrail up` run.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::process::Command;
+
+fn workspace_root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+}
 
 /// Each package (`name version`) and its features as `cargo tree` resolves them, with (`--edges
 /// normal,build,dev`, what `--all-targets` builds) or without (`--edges normal,build`, what
 /// `--bins` builds) dev-dependencies.
 fn resolved(edges: &str) -> BTreeMap<String, BTreeSet<String>> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("tests/ has a parent");
     let output = Command::new(&cargo)
         .args(["tree", "--workspace", "--offline", "--locked", "--prefix", "none"])
         .args(["--edges", edges, "--format", "{p}|{f}"])
-        .current_dir(root)
+        .current_dir(workspace_root())
         .output()
         .expect("cargo tree runs");
     assert!(
@@ -77,6 +82,46 @@ fn the_binaries_build_resolves_the_same_features_as_the_tests_build() {
         differing.is_empty(),
         "these packages would build twice (once for `--bins`, once for `--all-targets`); name the \
          features in the workspace's [workspace.dependencies]: {differing:#?}"
+    );
+}
+
+/// The packages the workspace's `[profile.dev.package]` table sets to opt-level 0
+/// (`name.opt-level = 0` lines).
+fn at_opt_level_0() -> BTreeSet<String> {
+    let manifest = std::fs::read_to_string(workspace_root().join("Cargo.toml")).expect("Cargo.toml");
+    manifest
+        .lines()
+        .filter_map(|line| line.trim().strip_suffix(".opt-level = 0"))
+        .map(|name| name.trim_matches('"').to_owned())
+        .collect()
+}
+
+#[test]
+fn packages_at_opt_level_0_only_run_while_building() {
+    let slow = at_opt_level_0();
+    assert!(
+        slow.contains("syn"),
+        "Cargo.toml sets no build-time package to opt-level 0 (read {slow:?})"
+    );
+    // What the binaries and the tests link: every edge but build scripts and proc macros.
+    let linked: BTreeSet<String> = resolved("normal,dev,no-proc-macro")
+        .into_keys()
+        .filter_map(|id| id.split_whitespace().next().map(str::to_owned))
+        .collect();
+    let built_everywhere: BTreeSet<String> = resolved("normal,build,dev")
+        .into_keys()
+        .filter_map(|id| id.split_whitespace().next().map(str::to_owned))
+        .collect();
+    let unknown: Vec<&String> = slow.difference(&built_everywhere).collect();
+    assert!(
+        unknown.is_empty(),
+        "Cargo.toml names packages the workspace does not build: {unknown:?}"
+    );
+    let linked_slow: Vec<&String> = slow.intersection(&linked).collect();
+    assert!(
+        linked_slow.is_empty(),
+        "these packages are linked into binaries but built at opt-level 0 in the dev profile \
+         (remove them from that list in Cargo.toml): {linked_slow:?}"
     );
 }
 
