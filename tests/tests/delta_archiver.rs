@@ -625,3 +625,185 @@ fn a_frozen_zombie_cannot_commit_after_its_partitions_moved() {
     let reports = verify_tables(&root, &dir.join("verify"), &expected, &topics.app_ids(4)).expect("reader");
     check_exactly_once(&reports, &expected, &ends, &topics);
 }
+
+/// The events topic is deleted and created again while delta-archiver is stopped: the table's
+/// position for its partition (301) is past the new topic's end (101). The partition is held at
+/// the gap — status, readiness, the metric and an ERROR log say so, and nothing of the new topic
+/// reaches the table — until an operator accepts it with `contrail admin accept-gap`; then every
+/// record of the new topic is archived once, beside the old topic's, and the stage is ready again.
+#[test]
+fn a_re_created_topic_holds_its_partition_until_the_gap_is_accepted() {
+    use contrail_testkit::{answers_200, recreate_topics};
+    let broker = shared_broker();
+    let dir = test_dir("delta-gap");
+    let root = dir.join("delta");
+    let topics = Topics::create(&broker.address, 1);
+    let events_topic = topics.by_table["events"].clone();
+    let stream = HistoryStream::from_raw(&replay_events((1, 1), (1, 1), realistic_feed(3)));
+    let records = stream.records().remove(0).1;
+    assert!(records.len() >= 400, "{} events", records.len());
+    let (before, after) = (&records[..300], &records[300..400]);
+    let mut stage = CosmosStage::start(
+        "delta-archiver",
+        topics.env(&broker.address, &unique("dg"), &root),
+        &dir,
+    )
+    .expect("delta-archiver starts");
+    // Each produce re-sends its first record once (a redelivery): ends are records + 1.
+    produce_with_redeliveries(
+        &broker.address,
+        &events_topic,
+        before,
+        10_000,
+        usize::MAX,
+        Duration::ZERO,
+    )
+    .expect("produce");
+    let old_end: BTreeMap<(String, i32), i64> = [((events_topic.clone(), 0), 301)].into_iter().collect();
+    stage
+        .wait_positions(&old_end, Duration::from_secs(120))
+        .expect("the old topic archived");
+    stage.process.terminate(Duration::from_secs(30)).expect("SIGTERM");
+
+    recreate_topics(&broker.address, &[&events_topic], 1).expect("topic re-created");
+    produce_with_redeliveries(
+        &broker.address,
+        &events_topic,
+        after,
+        10_000,
+        usize::MAX,
+        Duration::ZERO,
+    )
+    .expect("produce to the new topic");
+    stage.start_again().expect("delta-archiver starts again");
+
+    let grpc_url = stage.grpc_url.clone();
+    let gap = stage
+        .process
+        .wait_until("the partition held at a gap", Duration::from_secs(120), || {
+            let status = match status_at(&grpc_url) {
+                Ok(status) => status,
+                Err(error) => return Ok(Probe::NotYet(format!("{error:#}"))),
+            };
+            Ok(match status.gaps.first() {
+                Some(gap) => Probe::Ready(gap.clone()),
+                None => Probe::NotYet(format!("no gap; partitions {:?}", status.partitions)),
+            })
+        })
+        .expect("gap reported");
+    assert_eq!(
+        (
+            gap.topic.as_str(),
+            gap.partition,
+            gap.cause.as_str(),
+            gap.stored_next,
+            gap.log_start,
+            gap.records_lost
+        ),
+        (events_topic.as_str(), 0, "past-end", 301, 0, -1),
+        "{gap:?}"
+    );
+    let readyz = format!("{}/readyz", stage.http_url);
+    assert!(
+        matches!(answers_200(&readyz), Probe::NotYet(_)),
+        "not ready while a partition is held"
+    );
+    assert_eq!(
+        stage.metric("contrail_consumer_gap_held", &format!("topic=\"{events_topic}\"")),
+        1.0,
+        "{}",
+        stage.metrics_text()
+    );
+    let log = stage.log_text();
+    assert!(
+        log.lines()
+            .any(|line| line.contains("ERROR") && line.contains("GAP:") && line.contains(&events_topic)),
+        "an ERROR log names the gap"
+    );
+    let before_ids = identities(before);
+    let reports = verify_tables(
+        &root,
+        &dir.join("verify-held"),
+        &[("events", before_ids.clone())].into_iter().collect(),
+        &topics.app_ids(1),
+    )
+    .expect("reader");
+    let events = &reports["events"];
+    assert_eq!(
+        (events.rows, events.missing, events.unexpected),
+        (300, 0, 0),
+        "nothing of the new topic archived while held: {:?}",
+        events.unexpected_sample
+    );
+
+    let accepted = std::process::Command::new(workspace_binary("contrail").expect("contrail"))
+        .args([
+            "admin",
+            "--addr",
+            &stage.grpc_url,
+            "accept-gap",
+            "--topic",
+            &events_topic,
+        ])
+        .args(["--partition", "0"])
+        .output()
+        .expect("contrail admin accept-gap runs");
+    let said = String::from_utf8_lossy(&accepted.stdout);
+    assert!(
+        accepted.status.success() && said.contains("accepted the gap"),
+        "{said}{}",
+        String::from_utf8_lossy(&accepted.stderr)
+    );
+    let new_end: BTreeMap<(String, i32), i64> = [((events_topic.clone(), 0), 101)].into_iter().collect();
+    stage
+        .wait_positions(&new_end, Duration::from_secs(120))
+        .expect("the new topic archived after the gap was accepted");
+    stage
+        .process
+        .wait_until("ready again", Duration::from_secs(30), || {
+            Ok(answers_200(&readyz))
+        })
+        .expect("ready again");
+    assert_eq!(stage.metric("contrail_consumer_gap_held", ""), 0.0, "no gap held");
+    assert!(stage.status().expect("status").gaps.is_empty());
+    stage.process.terminate(Duration::from_secs(30)).expect("SIGTERM");
+
+    let mut every_id = before_ids;
+    every_id.extend(identities(after));
+    let reports = verify_tables(
+        &root,
+        &dir.join("verify"),
+        &[("events", every_id)].into_iter().collect(),
+        &topics.app_ids(1),
+    )
+    .expect("reader");
+    let events = &reports["events"];
+    assert_eq!(
+        (events.rows, events.distinct, events.missing, events.unexpected),
+        (400, 400, 0, 0),
+        "missing {:?}, unexpected {:?}",
+        events.missing_sample,
+        events.unexpected_sample
+    );
+    assert_eq!(
+        events
+            .txn
+            .get(&format!("events-{events_topic}-0"))
+            .copied()
+            .flatten(),
+        Some(100),
+        "the partition's position is the new topic's"
+    );
+}
+
+/// `flight_key#event_id` of each encoded event.
+fn identities(records: &[(String, Vec<u8>)]) -> Vec<String> {
+    records
+        .iter()
+        .map(|(_, payload)| {
+            use prost::Message as _;
+            let event = contrail_proto::v1::OperationalEvent::decode(payload.as_slice()).expect("event");
+            format!("{}#{}", event.flight_key, event.event_id)
+        })
+        .collect()
+}

@@ -14,6 +14,7 @@ use contrail_proto::admin::v1 as admin;
 use tonic::{Request, Response, Status};
 
 use crate::auth::BearerTokens;
+use crate::consume::Gaps;
 use crate::metrics::MetricsRegistry;
 use crate::server::{Health, Listeners, Servers};
 use crate::shutdown::Shutdown;
@@ -26,13 +27,15 @@ pub trait StageStatus: Send + Sync + 'static {
 }
 
 /// The operator controls every stage's admin API shares: pause and resume (a flag the stage's
-/// loop reads), drain (not ready, then the process shutdown), and the fields every `Status`
-/// carries (stage, version, readiness, pause, uptime). Clones share the flag.
+/// loop reads), drain (not ready, then the process shutdown), accepting gaps (the partitions the
+/// stage's loop holds at one, [`Gaps`]), and the fields every `Status` carries (stage, version,
+/// readiness, pause, uptime, gaps held). Clones share the flag and the gaps.
 #[derive(Clone)]
 pub struct AdminControls {
     stage: &'static str,
     paused: Arc<AtomicBool>,
     health: Health,
+    gaps: Gaps,
     shutdown: Shutdown,
     started: Instant,
 }
@@ -43,6 +46,7 @@ impl AdminControls {
         AdminControls {
             stage,
             paused: Arc::default(),
+            gaps: Gaps::new(stage, health.clone()),
             health,
             shutdown,
             started: Instant::now(),
@@ -58,6 +62,11 @@ impl AdminControls {
     /// The pause flag, for the stage's loop.
     pub fn pause_flag(&self) -> Arc<AtomicBool> {
         self.paused.clone()
+    }
+
+    /// The partitions held at a gap, for the stage's loop.
+    pub fn gaps(&self) -> Gaps {
+        self.gaps.clone()
     }
 
     /// Whether an operator paused the stage.
@@ -76,6 +85,7 @@ impl AdminControls {
         status.version = env!("CARGO_PKG_VERSION").to_owned();
         status.ready = self.health.is_ready();
         status.paused = self.is_paused();
+        status.gaps = self.gaps.held().iter().map(|held| held.to_status()).collect();
         if status.uptime_seconds == 0 {
             status.uptime_seconds = self.uptime_seconds() as i64;
         }
@@ -93,6 +103,48 @@ impl AdminControls {
         self.paused.store(false, Ordering::Relaxed);
         tracing::info!(stage = self.stage, "resumed by admin request");
         Response::new(admin::ResumeResponse { paused: false })
+    }
+
+    /// `AcceptGap`: the partition named (or, with `all`, every partition held) goes on from its
+    /// topic's first offset. `NOT_FOUND` when this instance holds no such gap.
+    pub fn accept_gap(
+        &self,
+        request: &admin::AcceptGapRequest,
+    ) -> Result<Response<admin::AcceptGapResponse>, Status> {
+        let partition = if request.all {
+            None
+        } else if request.topic.is_empty() {
+            return Err(Status::invalid_argument(
+                "name the partition (topic and partition) or accept every gap held (all)",
+            ));
+        } else {
+            Some((request.topic.as_str(), request.partition))
+        };
+        let accepted = self.gaps.accept(partition);
+        if accepted.is_empty() {
+            let held: Vec<String> = self
+                .gaps
+                .held()
+                .iter()
+                .map(|held| format!("{}/{}", held.topic, held.partition))
+                .collect();
+            let what = match partition {
+                Some((topic, partition)) => format!("{topic}/{partition}"),
+                None => "any partition".to_owned(),
+            };
+            return Err(Status::not_found(format!(
+                "{} instance holds no gap at {what} (held here: {})",
+                self.stage,
+                if held.is_empty() {
+                    "none".to_owned()
+                } else {
+                    held.join(", ")
+                }
+            )));
+        }
+        Ok(Response::new(admin::AcceptGapResponse {
+            accepted: accepted.iter().map(|held| held.to_status()).collect(),
+        }))
     }
 
     /// `Drain`: not ready (traffic goes elsewhere), then the graceful shutdown: the batch in
@@ -264,5 +316,12 @@ impl<S: StageStatus> admin::admin_service_server::AdminService for StreamAdmin<S
 
     async fn drain(&self, _: Request<admin::DrainRequest>) -> Result<Response<admin::DrainResponse>, Status> {
         Ok(self.controls.drain())
+    }
+
+    async fn accept_gap(
+        &self,
+        request: Request<admin::AcceptGapRequest>,
+    ) -> Result<Response<admin::AcceptGapResponse>, Status> {
+        self.controls.accept_gap(request.get_ref())
     }
 }

@@ -3,7 +3,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use axum::Router;
 use axum::extract::State;
@@ -16,10 +16,12 @@ use crate::metrics::MetricsRegistry;
 use crate::shutdown::Shutdown;
 
 /// Liveness and readiness of a stage. `/healthz` answers 200 while the process serves; `/readyz`
-/// answers 200 only while the stage says it is ready (connected, not draining).
+/// answers 200 only while the stage says it is ready (connected, not draining) and holds no
+/// partition at a gap ([`crate::consume::Gaps`]).
 #[derive(Clone, Default)]
 pub struct Health {
     ready: Arc<AtomicBool>,
+    held_gaps: Arc<AtomicUsize>,
 }
 
 impl Health {
@@ -33,9 +35,19 @@ impl Health {
         self.ready.store(ready, Ordering::Relaxed);
     }
 
-    /// Whether the stage is ready.
+    /// Whether the stage is ready: it says so and holds no partition at a gap.
     pub fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::Relaxed)
+        self.ready.load(Ordering::Relaxed) && self.held_gaps() == 0
+    }
+
+    /// How many partitions the stage holds at a gap (kept by [`crate::consume::Gaps`]).
+    pub fn set_held_gaps(&self, held: usize) {
+        self.held_gaps.store(held, Ordering::Relaxed);
+    }
+
+    /// Partitions held at a gap.
+    pub fn held_gaps(&self) -> usize {
+        self.held_gaps.load(Ordering::Relaxed)
     }
 }
 
@@ -52,10 +64,19 @@ pub fn probe_routes(health: Health, metrics: MetricsRegistry) -> Router {
         .route(
             "/readyz",
             get(|State(state): State<ProbeState>| async move {
+                let held = state.health.held_gaps();
                 if state.health.is_ready() {
-                    (StatusCode::OK, "ready\n")
+                    (StatusCode::OK, "ready\n".to_owned())
+                } else if held > 0 {
+                    (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        format!(
+                            "not ready: {held} partition(s) held at a gap (`contrail admin status`, \
+                             then `contrail admin accept-gap`)\n"
+                        ),
+                    )
                 } else {
-                    (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
+                    (StatusCode::SERVICE_UNAVAILABLE, "not ready\n".to_owned())
                 }
             }),
         )

@@ -127,10 +127,12 @@ impl StageContext {
             )
             .with_label_values(&[spec.name])
             .set(started);
+        let controls = AdminControls::new(spec.name, health.clone(), shutdown.clone());
+        controls.gaps().register_metrics(&registry);
         Ok(StageContext {
             spec,
             registry,
-            controls: AdminControls::new(spec.name, health.clone(), shutdown.clone()),
+            controls,
             health,
             shutdown,
         })

@@ -8,11 +8,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use contrail_common::consume::gaps::{self, Gaps, Start};
 use contrail_common::consume::{DeadLetters, RebalanceEvent, Rebalances, RecordingConsumer, TopicPartition};
 use contrail_common::server::Health;
 use contrail_common::shutdown::Shutdown;
 use contrail_common::trace::TraceParent;
 use contrail_history::Table;
+use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::message::{Message, OwnedMessage};
 use rdkafka::producer::FutureProducer;
@@ -72,6 +74,23 @@ pub(crate) struct Archiver<'a> {
     pub(crate) health: &'a Health,
     /// The storage refused access and nothing succeeded since.
     pub(crate) outage: bool,
+    /// Partitions held at a gap (their table position is not in the topic any more).
+    pub(crate) gaps: Gaps,
+    /// The client configuration of the probe that asks the broker whether a position past its
+    /// reported end is in its log.
+    pub(crate) probe: ClientConfig,
+}
+
+/// How long the probe of a position may wait for the broker.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Where a partition's start position comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StartFrom {
+    /// The table's `txn` version, judged against the topic.
+    Table,
+    /// An operator accepted the partition's gap: the topic's first offset.
+    GapAccepted,
 }
 
 /// How long to wait before trying storage again during an access outage: 1 s doubling to 30 s.
@@ -159,6 +178,7 @@ impl Archiver<'_> {
         let thresholds = self.config.batch.thresholds();
         loop {
             self.handle_rebalances();
+            self.start_accepted().await?;
             self.start_assigned().await?;
             let age = self.batch_started.map(|t| t.elapsed()).unwrap_or_default();
             if shutdown.is_triggered() {
@@ -232,6 +252,7 @@ impl Archiver<'_> {
                 }
                 match event {
                     RebalanceEvent::Revoked(_) => {
+                        self.gaps.release(topic, *partition);
                         self.to_start.retain(|queued| *queued != key);
                         if let Ok(mut positions) = self.positions.lock() {
                             positions.remove(&(topic.clone(), *partition));
@@ -264,6 +285,27 @@ impl Archiver<'_> {
         Ok(started)
     }
 
+    /// Starts the partitions whose gap an operator accepted (and that this instance still owns)
+    /// at their topic's first offset.
+    async fn start_accepted(&mut self) -> Result<(), DeltaArchiverError> {
+        for held in self.gaps.take_accepted() {
+            let key: TopicPartition = (Arc::from(held.topic.as_str()), held.partition);
+            let Some(table) = self.topics.get(&held.topic).copied() else {
+                continue;
+            };
+            let mut list = TopicPartitionList::new();
+            list.add_partition(&held.topic, held.partition);
+            if let Err(error) = self.consumer.resume(&list) {
+                tracing::warn!(topic = %held.topic, partition = held.partition, %error, "resuming the partition after its gap was accepted");
+            }
+            if let Some(progress) = self.partitions.remove(&key) {
+                self.forget_batch_share(&progress);
+            }
+            self.seek_started(table, &key, StartFrom::GapAccepted).await?;
+        }
+        Ok(())
+    }
+
     fn forget_batch_share(&mut self, progress: &PartitionProgress) {
         let records = progress.rows.len() + progress.dead.len();
         let bytes: usize = progress.rows.iter().map(Row::weight).sum();
@@ -282,8 +324,17 @@ impl Archiver<'_> {
             return Ok(());
         };
         let key = (topic.clone(), partition);
+        if self.gaps.is_held(&topic, partition) {
+            // Fetched before the partition was paused at its gap: not taken.
+            return Ok(());
+        }
         if !self.partitions.contains_key(&key) {
-            let progress = self.start_partition(table, &topic, partition).await?;
+            let Some(progress) = self
+                .start_partition(table, &topic, partition, StartFrom::Table)
+                .await?
+            else {
+                return Ok(());
+            };
             self.partitions.insert(key.clone(), progress);
         }
         let consumer = self.consumer;
@@ -377,22 +428,50 @@ impl Archiver<'_> {
     }
 
     /// Reads a partition's stored position (origins' positions are read when their first record
-    /// arrives).
+    /// arrives) and judges it against the topic: `None` when the topic no longer holds it — the
+    /// partition is then held at the gap (paused, reported) until an operator accepts it.
     async fn start_partition(
         &mut self,
         table: Table,
         topic: &str,
         partition: i32,
-    ) -> Result<PartitionProgress, DeltaArchiverError> {
+        from: StartFrom,
+    ) -> Result<Option<PartitionProgress>, DeltaArchiverError> {
         let app_id = table.app_id(topic, partition);
         let committed = self.tables.stored_version(table, &app_id).await?;
-        let low = tokio::task::block_in_place(|| {
+        let (low, high) = tokio::task::block_in_place(|| {
             self.watermarks
                 .fetch_watermarks(topic, partition, Duration::from_secs(10))
-                .map(|(low, _)| low)
         })
         .map_err(|error| DeltaArchiverError::Broker(format!("watermarks of {topic}/{partition}: {error}")))?;
-        let next = progress::resume_at(committed, low);
+        let start = match from {
+            StartFrom::Table => gaps::judge_start(committed.map(|version| version + 1), low, high),
+            StartFrom::GapAccepted => Start::First(low),
+        };
+        let next = match start {
+            Start::First(at) | Start::At(at) => at,
+            Start::PastReportedEnd(next) => {
+                let probe = &self.probe;
+                let exists = tokio::task::block_in_place(|| {
+                    gaps::position_exists(probe, topic, partition, next, PROBE_TIMEOUT)
+                })
+                .map_err(|error| {
+                    DeltaArchiverError::Broker(format!(
+                        "asking whether {topic}/{partition} holds offset {}: {error}",
+                        next - 1
+                    ))
+                })?;
+                if !exists {
+                    self.hold(table, topic, partition, gaps::past_end(next, low, high));
+                    return Ok(None);
+                }
+                next
+            }
+            Start::Gap(gap) => {
+                self.hold(table, topic, partition, gap);
+                return Ok(None);
+            }
+        };
         if let Ok(mut positions) = self.positions.lock() {
             positions.insert((topic.to_owned(), partition), next);
         }
@@ -402,9 +481,10 @@ impl Archiver<'_> {
             partition,
             ?committed,
             next,
+            ?from,
             "partition position read from the table"
         );
-        Ok(PartitionProgress {
+        Ok(Some(PartitionProgress {
             table,
             app_id,
             committed,
@@ -415,7 +495,29 @@ impl Archiver<'_> {
             dead: Vec::new(),
             last: None,
             traced: Vec::new(),
-        })
+        }))
+    }
+
+    /// Holds a partition at its gap: reported (log, metric, readiness, status) and paused, so
+    /// nothing of it is read until the gap is accepted.
+    fn hold(&mut self, table: Table, topic: &str, partition: i32, gap: gaps::Gap) {
+        tracing::debug!(
+            table = table.name(),
+            topic,
+            partition,
+            ?gap,
+            "holding the partition"
+        );
+        self.gaps.hold(topic, partition, gap);
+        let mut list = TopicPartitionList::new();
+        list.add_partition(topic, partition);
+        if let Err(error) = self.consumer.pause(&list) {
+            // Records fetched anyway are dropped while it is held (`take`).
+            tracing::warn!(topic, partition, %error, "pausing the partition held at a gap");
+        }
+        if let Ok(mut positions) = self.positions.lock() {
+            positions.remove(&(topic.to_owned(), partition));
+        }
     }
 
     /// Commits the batch: dead letters first, then one Delta commit per table.
@@ -544,6 +646,15 @@ impl Archiver<'_> {
     /// Reads a partition's position from its table and seeks the consumer there (if this instance
     /// owns it): after an assignment, and after a fenced commit so its rows are read again.
     async fn start_and_seek(&mut self, table: Table, key: &TopicPartition) -> Result<(), DeltaArchiverError> {
+        self.seek_started(table, key, StartFrom::Table).await
+    }
+
+    async fn seek_started(
+        &mut self,
+        table: Table,
+        key: &TopicPartition,
+        from: StartFrom,
+    ) -> Result<(), DeltaArchiverError> {
         let owned = self
             .consumer
             .assignment()
@@ -552,7 +663,9 @@ impl Archiver<'_> {
         if !owned {
             return Ok(());
         }
-        let mut progress = self.start_partition(table, &key.0, key.1).await?;
+        let Some(mut progress) = self.start_partition(table, &key.0, key.1, from).await? else {
+            return Ok(());
+        };
         let next = progress.next;
         let consumer = self.consumer;
         let sought = tokio::task::block_in_place(|| {

@@ -147,6 +147,8 @@ pub async fn run(config: DeltaArchiverConfig, shutdown: Shutdown) -> Result<(), 
         last_maintenance: Instant::now(),
         health: &stage.health,
         outage: false,
+        gaps: stage.controls.gaps(),
+        probe: config.kafka.client_config("delta-archiver-probe")?,
     };
     let result = archiver.run(&stage.controls.pause_flag(), &stage.shutdown).await;
     stage.health.set_ready(false);

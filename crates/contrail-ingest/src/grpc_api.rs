@@ -348,6 +348,13 @@ impl admin::admin_service_server::AdminService for IngestAdmin {
     async fn drain(&self, _: Request<admin::DrainRequest>) -> Result<Response<admin::DrainResponse>, Status> {
         Ok(self.controls.drain())
     }
+
+    async fn accept_gap(
+        &self,
+        request: Request<admin::AcceptGapRequest>,
+    ) -> Result<Response<admin::AcceptGapResponse>, Status> {
+        self.controls.accept_gap(request.get_ref())
+    }
 }
 
 #[cfg(test)]

@@ -390,6 +390,20 @@ impl CosmosStage {
         self.wait_ready()
     }
 
+    /// Starts the stage again with the same settings after it stopped, waiting only for its admin
+    /// API to answer (not for readiness: a stage holding a partition at a gap is not ready).
+    pub fn start_again(&mut self) -> Result<()> {
+        self.process = StageProcess::spawn(&workspace_binary(&self.binary)?, &self.env, &self.log)?;
+        let grpc_url = self.grpc_url.clone();
+        self.process
+            .wait_until("the admin API answers Status", Duration::from_secs(120), || {
+                Ok(match status_at(&grpc_url) {
+                    Ok(_) => Probe::Ready(()),
+                    Err(error) => Probe::NotYet(format!("{error:#}")),
+                })
+            })
+    }
+
     /// `kill -9` and start again with the same settings.
     pub fn restart_after_kill9(&mut self) -> Result<()> {
         self.process.kill9();
@@ -444,6 +458,11 @@ impl CosmosStage {
                 }
             },
         )
+    }
+
+    /// What the stage logged so far (every start of it).
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     /// The `/metrics` text.

@@ -293,30 +293,71 @@ pub fn read_to_end_at_least(
     }
 }
 
-/// Creates topics (ignoring "already exists").
-pub fn create_topics(brokers: &str, topics: &[&str], partitions: i32) -> Result<()> {
-    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-    use rdkafka::client::DefaultClientContext;
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+type Admin = rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext>;
+
+/// An admin client of `brokers` and a runtime to wait for its answers on.
+fn admin_client(brokers: &str) -> Result<(Admin, tokio::runtime::Runtime)> {
+    let admin: Admin = ClientConfig::new()
         .set("bootstrap.servers", brokers)
         .create()
         .context("admin client")?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
+    Ok((admin, runtime))
+}
+
+/// Asks for `topics` with `partitions` partitions each; the topics refused, with the broker's code.
+fn request_topics(
+    admin: &Admin,
+    runtime: &tokio::runtime::Runtime,
+    topics: &[&str],
+    partitions: i32,
+) -> Result<Vec<(String, rdkafka::types::RDKafkaErrorCode)>> {
+    use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
     let new_topics: Vec<NewTopic> = topics
         .iter()
         .map(|topic| NewTopic::new(topic, partitions, TopicReplication::Fixed(1)))
         .collect();
     let results = runtime.block_on(admin.create_topics(&new_topics, &AdminOptions::new()))?;
-    for result in results {
-        if let Err((topic, code)) = result
-            && code != rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists
-        {
+    Ok(results.into_iter().filter_map(Result::err).collect())
+}
+
+/// Creates topics (ignoring "already exists").
+pub fn create_topics(brokers: &str, topics: &[&str], partitions: i32) -> Result<()> {
+    let (admin, runtime) = admin_client(brokers)?;
+    for (topic, code) in request_topics(&admin, &runtime, topics, partitions)? {
+        if code != rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists {
             bail!("create topic {topic}: {code}");
         }
     }
     Ok(())
+}
+
+/// Deletes `topics` and creates them again with `partitions` partitions each: the records and the
+/// consumer groups' committed offsets go with the old topics, and the new ones start at offset 0
+/// (how a retention gap's twin, a re-created topic, is made on the local broker, which has no
+/// DeleteRecords and no retention).
+pub fn recreate_topics(brokers: &str, topics: &[&str], partitions: i32) -> Result<()> {
+    let (admin, runtime) = admin_client(brokers)?;
+    let results = runtime.block_on(admin.delete_topics(topics, &rdkafka::admin::AdminOptions::new()))?;
+    for result in results {
+        if let Err((topic, code)) = result {
+            bail!("delete topic {topic}: {code}");
+        }
+    }
+    // The broker may still list a deleted topic for a moment: create until it takes the new one.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let refused = request_topics(&admin, &runtime, topics, partitions)?;
+        if refused.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("creating the deleted topics again: {refused:?}");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
 
 /// A message's key as UTF-8 (empty when absent).

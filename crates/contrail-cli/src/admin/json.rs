@@ -113,6 +113,21 @@ pub(super) fn status_json(status: &admin::StatusResponse) -> Value {
         "counters": counters,
         "sources": sources,
         "leases": leases,
+        "gaps": status.gaps.iter().map(gap_json).collect::<Vec<_>>(),
+    })
+}
+
+/// A partition held at a gap.
+pub(super) fn gap_json(gap: &admin::GapStatus) -> Value {
+    json!({
+        "topic": gap.topic,
+        "partition": gap.partition,
+        "cause": gap.cause,
+        "stored_next": gap.stored_next,
+        "log_start": gap.log_start,
+        "log_end": gap.log_end,
+        "records_lost": gap.records_lost,
+        "found_at_us": gap.found_at_us,
     })
 }
 
@@ -238,6 +253,9 @@ mod tests {
         assert_eq!(parsed["leases"][0]["owner"], "changefeed-sync-1");
         assert_eq!(parsed["leases"][0]["last_lsn"], 42);
         assert_eq!(parsed["leases"][0]["changes_published"], 77);
+        assert_eq!(parsed["gaps"][0]["partition"], 7);
+        assert_eq!(parsed["gaps"][0]["cause"], "retention");
+        assert_eq!(parsed["gaps"][0]["records_lost"], 60);
     }
 
     #[test]

@@ -21,7 +21,9 @@ use contrail_proto::admin::v1 as admin;
 use serde_json::json;
 use tonic::metadata::AsciiMetadataValue;
 
-use self::json::{checkpoint_json, key_state_json, status_json, summary_json, total_lag, with_fields};
+use self::json::{
+    checkpoint_json, gap_json, key_state_json, status_json, summary_json, total_lag, with_fields,
+};
 use self::render::{format_uptime, render_checkpoints, render_key_state, render_status, yes_no};
 use self::session::{AdminSession, AdminToken};
 use self::table::{Align, Table};
@@ -104,6 +106,25 @@ enum AdminCommand {
     },
     /// Finish in-flight work, commit and stop taking work; the stage then exits.
     Drain,
+    /// Let a partition held at a gap go on from its topic's first offset (consuming stages).
+    ///
+    /// A consuming stage stops a partition whose stored position the topic no longer holds —
+    /// retention deleted records before they were read, or the topic was re-created — instead of
+    /// skipping the records in between silently; `status` lists the gaps it holds, its readiness
+    /// fails and `contrail_consumer_gap_held` is 1. Accepting says those records are lost (or
+    /// were replayed elsewhere): the stage logs the acceptance and reads on.
+    #[command(name = "accept-gap")]
+    AcceptGap {
+        /// The topic of the partition held, as `status` lists it.
+        #[arg(long, value_name = "TOPIC", required_unless_present = "all")]
+        topic: Option<String>,
+        /// The partition held.
+        #[arg(long, value_name = "N", requires = "topic", required_unless_present = "all")]
+        partition: Option<i32>,
+        /// Every partition this instance holds at a gap.
+        #[arg(long, conflicts_with_all = ["topic", "partition"])]
+        all: bool,
+    },
 }
 
 impl AdminCommand {
@@ -118,6 +139,7 @@ impl AdminCommand {
             AdminCommand::Restore { .. } => "restore",
             AdminCommand::State { .. } => "state",
             AdminCommand::Drain => "drain",
+            AdminCommand::AcceptGap { .. } => "accept-gap",
         }
     }
 }
@@ -259,6 +281,39 @@ pub async fn run(args: AdminArgs) -> Result<()> {
                 format!("{}: not draining", session.target.name())
             }
         }
+        AdminCommand::AcceptGap {
+            topic,
+            partition,
+            all,
+        } => {
+            let request = session.request(admin::AcceptGapRequest {
+                topic: topic.unwrap_or_default(),
+                partition: partition.unwrap_or_default(),
+                all,
+            });
+            let response = session.answer("AcceptGap", client.accept_gap(request)).await?;
+            if args.json {
+                let gaps: Vec<_> = response.accepted.iter().map(gap_json).collect();
+                with_fields(&session.target, json!({ "accepted": gaps })).to_string()
+            } else {
+                let lines: Vec<String> = response
+                    .accepted
+                    .iter()
+                    .map(|gap| {
+                        format!(
+                            "{}: accepted the gap of {}/{} ({}, stored next offset {}); it goes on at offset {}",
+                            session.target.name(),
+                            gap.topic,
+                            gap.partition,
+                            gap.cause,
+                            gap.stored_next,
+                            gap.log_start
+                        )
+                    })
+                    .collect();
+                lines.join("\n")
+            }
+        }
     };
     print_out(&output)
 }
@@ -327,6 +382,23 @@ async fn status_of_every_stage(
     ]);
     let mut failures = Vec::new();
     for (stage, _, answer) in &stages_and_answers {
+        if let Ok(status) = answer {
+            for gap in &status.gaps {
+                failures.push(format!(
+                    "{} {} HOLDS {}/{} AT A GAP ({}): `contrail admin --stage {} status` shows it, \
+                     `contrail admin --stage {} accept-gap --topic {} --partition {}` lets it go on",
+                    stage.name(),
+                    status.instance,
+                    gap.topic,
+                    gap.partition,
+                    gap.cause,
+                    stage.name(),
+                    stage.name(),
+                    gap.topic,
+                    gap.partition
+                ));
+            }
+        }
         match answer {
             Ok(status) => table.push(vec![
                 stage.name().to_owned(),
@@ -462,6 +534,37 @@ pub(super) mod tests {
         assert!(message.contains("changefeed-sync"), "{message}");
 
         parse(&["contrail", "admin", "--timeout-s", "0", "status"]).expect_err("a zero timeout");
+
+        let accept = parse(&[
+            "contrail",
+            "admin",
+            "accept-gap",
+            "--topic",
+            "t",
+            "--partition",
+            "3",
+        ])
+        .expect("parses");
+        assert!(
+            matches!(&accept.command, AdminCommand::AcceptGap { topic: Some(topic), partition: Some(3), all: false } if topic == "t"),
+            "{:?}",
+            accept.command
+        );
+        let all = parse(&["contrail", "admin", "accept-gap", "--all"]).expect("parses");
+        assert!(matches!(all.command, AdminCommand::AcceptGap { all: true, .. }));
+        parse(&["contrail", "admin", "accept-gap"]).expect_err("a partition or --all");
+        parse(&["contrail", "admin", "accept-gap", "--topic", "t"]).expect_err("a topic needs its partition");
+        parse(&[
+            "contrail",
+            "admin",
+            "accept-gap",
+            "--all",
+            "--topic",
+            "t",
+            "--partition",
+            "1",
+        ])
+        .expect_err("--all or one partition");
     }
 
     pub(crate) fn sample_status() -> admin::StatusResponse {
@@ -515,6 +618,16 @@ pub(super) mod tests {
                 lag_seconds: 1.5,
                 renewed_ms_ago: 250,
                 changes_published: 77,
+            }],
+            gaps: vec![admin::GapStatus {
+                topic: "ops.events.accepted".to_owned(),
+                partition: 7,
+                cause: "retention".to_owned(),
+                stored_next: 100,
+                log_start: 160,
+                log_end: 900,
+                records_lost: 60,
+                found_at_us: 1_357_016_400_000_000,
             }],
         }
     }

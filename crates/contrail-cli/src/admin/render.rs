@@ -119,6 +119,40 @@ pub(super) fn render_status(target: &Target, status: &admin::StatusResponse) -> 
         }
         sections.push(leases.render());
     }
+
+    if !status.gaps.is_empty() {
+        let mut gaps = Table::new(&[
+            ("HELD AT A GAP: TOPIC", Align::Left),
+            ("PARTITION", Align::Right),
+            ("CAUSE", Align::Left),
+            ("STORED NEXT", Align::Right),
+            ("LOG START", Align::Right),
+            ("LOG END", Align::Right),
+            ("LOST", Align::Right),
+            ("FOUND", Align::Left),
+        ]);
+        for gap in &status.gaps {
+            gaps.push(vec![
+                gap.topic.clone(),
+                gap.partition.to_string(),
+                gap.cause.clone(),
+                gap.stored_next.to_string(),
+                gap.log_start.to_string(),
+                gap.log_end.to_string(),
+                if gap.records_lost < 0 {
+                    "unknown".to_owned()
+                } else {
+                    gap.records_lost.to_string()
+                },
+                format_micros(gap.found_at_us),
+            ]);
+        }
+        sections.push(format!(
+            "{}\nNothing of these partitions is consumed until the gap is accepted: \
+             contrail admin accept-gap --topic TOPIC --partition N (or --all)",
+            gaps.render()
+        ));
+    }
     sections.join("\n\n")
 }
 
@@ -323,6 +357,18 @@ mod tests {
             rendered.contains("2013-01-01T05:00:00Z"),
             "lease time as RFC 3339:\n{rendered}"
         );
+        let gaps = rendered
+            .lines()
+            .skip_while(|line| !line.starts_with("HELD AT A GAP"))
+            .collect::<Vec<_>>();
+        assert!(
+            gaps.get(1).is_some_and(|row| row.contains("ops.events.accepted")
+                && row.contains("retention")
+                && row.contains("160")
+                && row.contains("60")),
+            "the gap held, with its offsets:\n{rendered}"
+        );
+        assert!(rendered.contains("contrail admin accept-gap"), "{rendered}");
     }
 
     #[test]

@@ -1,14 +1,17 @@
 //! What every consuming stage does the same way, written once: where a partition stands and what
 //! a gap in it is ([`position`], pure), rebalances recorded for the loop ([`rebalance`]), how far
-//! behind each partition is ([`standing`]), and sending a record it cannot process to the
-//! dead-letter topic ([`dead_letters`]).
+//! behind each partition is ([`standing`]), sending a record it cannot process to the
+//! dead-letter topic ([`dead_letters`]), and holding a partition whose stored position the topic
+//! no longer has until an operator accepts the gap ([`gaps`]).
 
 pub mod dead_letters;
+pub mod gaps;
 pub mod position;
 pub mod rebalance;
 pub mod standing;
 
 pub use dead_letters::DeadLetters;
+pub use gaps::Gaps;
 pub use position::{GAP_RETRIES, Gap, Placement, judge_gap, place, resume_at};
 pub use rebalance::{RebalanceEvent, Rebalances, RecordingConsumer, RecordingContext, TopicPartition};
 pub use standing::{Standing, standings, standings_off_runtime};
