@@ -112,6 +112,7 @@ fn baseline(stream: &HistoryStream, root: &std::path::Path, max_rows: usize) -> 
                     app_id: format!("baseline-{name}"),
                     expected: Some(last.get(name).copied()),
                     version: end as i64 - 1,
+                    accepted_gap: None,
                 };
                 let begun = Instant::now();
                 match tables.commit(table, &refs, &[txn], &metrics).await? {

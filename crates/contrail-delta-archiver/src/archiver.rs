@@ -51,6 +51,8 @@ pub(crate) struct PartitionProgress {
     last: Option<i64>,
     /// Spans of the batch's traced (sampled) records, open until their rows are committed.
     traced: Vec<tracing::Span>,
+    /// The gap an operator accepted for this partition, until a commit records it.
+    accepted_gap: Option<serde_json::Value>,
 }
 
 /// The archiving loop and everything it holds.
@@ -85,12 +87,28 @@ pub(crate) struct Archiver<'a> {
 const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Where a partition's start position comes from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum StartFrom {
     /// The table's `txn` version, judged against the topic.
     Table,
     /// An operator accepted the partition's gap: the topic's first offset.
-    GapAccepted,
+    GapAccepted(gaps::Held),
+}
+
+/// An accepted gap as the first commit after it records it (commit metadata
+/// `contrail.acceptedGaps`).
+fn accepted_gap_metadata(held: &gaps::Held) -> serde_json::Value {
+    serde_json::json!({
+        "topic": held.topic,
+        "partition": held.partition,
+        "cause": held.gap.cause.label(),
+        "stored_next": held.gap.stored_next,
+        "log_start": held.gap.log_start,
+        "log_end": held.gap.log_end,
+        "records_lost": held.gap.records_lost().unwrap_or(-1),
+        "found_at_us": held.found_at_us,
+        "accepted_at_ms": chrono::Utc::now().timestamp_millis(),
+    })
 }
 
 /// How long to wait before trying storage again during an access outage: 1 s doubling to 30 s.
@@ -301,7 +319,8 @@ impl Archiver<'_> {
             if let Some(progress) = self.partitions.remove(&key) {
                 self.forget_batch_share(&progress);
             }
-            self.seek_started(table, &key, StartFrom::GapAccepted).await?;
+            self.seek_started(table, &key, StartFrom::GapAccepted(held))
+                .await?;
         }
         Ok(())
     }
@@ -444,9 +463,9 @@ impl Archiver<'_> {
                 .fetch_watermarks(topic, partition, Duration::from_secs(10))
         })
         .map_err(|error| DeltaArchiverError::Broker(format!("watermarks of {topic}/{partition}: {error}")))?;
-        let start = match from {
+        let start = match &from {
             StartFrom::Table => gaps::judge_start(committed.map(|version| version + 1), low, high),
-            StartFrom::GapAccepted => Start::First(low),
+            StartFrom::GapAccepted(_) => Start::First(low),
         };
         let next = match start {
             Start::First(at) | Start::At(at) => at,
@@ -495,6 +514,10 @@ impl Archiver<'_> {
             dead: Vec::new(),
             last: None,
             traced: Vec::new(),
+            accepted_gap: match &from {
+                StartFrom::GapAccepted(held) => Some(accepted_gap_metadata(held)),
+                StartFrom::Table => None,
+            },
         }))
     }
 
@@ -539,11 +562,13 @@ impl Archiver<'_> {
                     app_id: progress.app_id.clone(),
                     expected: Some(progress.committed),
                     version: last,
+                    accepted_gap: progress.accepted_gap.clone(),
                 });
                 txns.extend(progress.applied.pending().map(|(source, position)| TxnUpdate {
                     app_id: applied::origin_app_id(&progress.app_id, source),
                     expected: None,
                     version: position,
+                    accepted_gap: None,
                 }));
             }
             let rows: Vec<&Row> = keys
@@ -606,6 +631,7 @@ impl Archiver<'_> {
                             progress.applied.committed();
                             progress.rows.clear();
                             progress.dead.clear();
+                            progress.accepted_gap = None;
                             for span in progress.traced.drain(..) {
                                 span.record("delta.version", version);
                             }

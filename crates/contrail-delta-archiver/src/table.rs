@@ -32,6 +32,9 @@ pub struct TxnUpdate {
     pub expected: Option<Option<i64>>,
     /// The last offset this commit covers, or the origin's highest applied position.
     pub version: i64,
+    /// A gap an operator accepted for this partition since its last commit: recorded in this
+    /// commit's metadata (`contrail.acceptedGaps`).
+    pub accepted_gap: Option<serde_json::Value>,
 }
 
 /// What became of a commit.
@@ -211,19 +214,27 @@ impl Tables {
             .collect();
         let partition_by = Some(vec![table.partition_column().to_owned()]);
         let snapshot = delta.snapshot().map_err(wrap)?;
-        let result =
-            CommitBuilder::from(CommitProperties::default().with_application_transactions(transactions))
-                .with_actions(adds.into_iter().map(Action::Add).collect())
-                .build(
-                    Some(snapshot),
-                    delta.log_store(),
-                    DeltaOperation::Write {
-                        mode: SaveMode::Append,
-                        partition_by,
-                        predicate: None,
-                    },
-                )
-                .await;
+        let mut properties = CommitProperties::default().with_application_transactions(transactions);
+        let accepted: Vec<serde_json::Value> =
+            txns.iter().filter_map(|txn| txn.accepted_gap.clone()).collect();
+        if !accepted.is_empty() {
+            properties = properties.with_metadata([(
+                "contrail.acceptedGaps".to_owned(),
+                serde_json::Value::Array(accepted),
+            )]);
+        }
+        let result = CommitBuilder::from(properties)
+            .with_actions(adds.into_iter().map(Action::Add).collect())
+            .build(
+                Some(snapshot),
+                delta.log_store(),
+                DeltaOperation::Write {
+                    mode: SaveMode::Append,
+                    partition_by,
+                    predicate: None,
+                },
+            )
+            .await;
         metrics.uncommitted_files.set(0);
         match result {
             Ok(finalized) => {
@@ -389,6 +400,7 @@ mod tests {
             app_id: "serving_changes-changes-0".to_owned(),
             expected: Some(expected),
             version,
+            accepted_gap: None,
         }
     }
 
