@@ -704,9 +704,10 @@ fn a_re_created_topic_holds_its_partition_until_the_gap_is_accepted() {
         "{gap:?}"
     );
     let readyz = format!("{}/readyz", stage.http_url);
+    let answer = contrail_testkit::http_get(&readyz).expect("GET /readyz");
     assert!(
-        matches!(answers_200(&readyz), Probe::NotYet(_)),
-        "not ready while a partition is held"
+        answer.starts_with("HTTP/1.1 503") && answer.contains("1 partition(s) held at a gap"),
+        "not ready, saying why, while a partition is held: {answer}"
     );
     assert_eq!(
         stage.metric("contrail_consumer_gap_held", &format!("topic=\"{events_topic}\"")),

@@ -343,11 +343,12 @@ impl Archiver<'_> {
             return Ok(());
         };
         let key = (topic.clone(), partition);
-        if self.gaps.is_held(&topic, partition) {
-            // Fetched before the partition was paused at its gap: not taken.
-            return Ok(());
-        }
         if !self.partitions.contains_key(&key) {
+            // A partition held at a gap is never started (not in `partitions`): a record of it
+            // was fetched before it was paused, and is not taken.
+            if self.gaps.is_held(&topic, partition) {
+                return Ok(());
+            }
             let Some(progress) = self
                 .start_partition(table, &topic, partition, StartFrom::Table)
                 .await?

@@ -245,8 +245,11 @@ impl Gaps {
     pub fn hold(&self, topic: &str, partition: i32, gap: Gap) {
         let mut book = self.book();
         let key = (topic.to_owned(), partition);
-        if book.held.get(&key).is_some_and(|held| held.gap == gap) {
-            return;
+        match book.held.get(&key) {
+            Some(held) if held.gap == gap => return,
+            // Found again with other offsets: its old series goes, the new one is exported below.
+            Some(held) => self.unexport(held),
+            None => {}
         }
         let found_at_us = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -423,6 +426,12 @@ mod tests {
             "{text}"
         );
         assert_eq!(gaps.accept(Some(("t", 7))), Vec::new(), "nothing held there");
+        // Found again with another cause: one series for it, the new one.
+        gaps.hold("t", 0, past_end(5, 9, 20));
+        let text = registry.render();
+        assert!(!text.contains(r#"cause="retention",partition="0""#), "{text}");
+        assert!(text.contains(r#"cause="past-end",partition="0""#), "{text}");
+        gaps.hold("t", 0, gap());
         let accepted = gaps.accept(Some(("t", 0)));
         assert_eq!(accepted.len(), 1);
         assert_eq!(accepted[0].to_status().records_lost, 4);
