@@ -35,6 +35,15 @@ export CONTRAIL_GIT_COMMIT
 # Builds go to a persistent directory outside the clone so a fresh clone does not rebuild the world.
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/contrail-target}"
 
+# RocksDB's C++ compiled once per machine (scripts/rocksdb.sh, ≈ 2 min the first time, then
+# nothing): every build and lint of the scripts links that library instead of librocksdb-sys
+# compiling its own in each target directory. ROCKSDB_COMPILE=1 keeps the crate's own build (the
+# images and the release benchmarks build it so, at -O3).
+if [ -z "${ROCKSDB_COMPILE:-}" ]; then
+  ROCKSDB_LIB_DIR="$(bash "$(dirname "$(realpath "${BASH_SOURCE[0]}")")/rocksdb.sh")"
+  export ROCKSDB_LIB_DIR ROCKSDB_STATIC=1
+fi
+
 # The second part in the background while the caller builds: `setup_tools_start` before the
 # build, `setup_tools_finish` after it (waits, shows what it printed, fails if it failed, then
 # exports the tools' environment). CPU and network work overlap instead of adding up.
