@@ -680,16 +680,7 @@ fn a_re_created_topic_holds_its_partition_until_the_gap_is_accepted() {
     let grpc_url = stage.grpc_url.clone();
     let gap = stage
         .process
-        .wait_until("the partition held at a gap", Duration::from_secs(120), || {
-            let status = match status_at(&grpc_url) {
-                Ok(status) => status,
-                Err(error) => return Ok(Probe::NotYet(format!("{error:#}"))),
-            };
-            Ok(match status.gaps.first() {
-                Some(gap) => Probe::Ready(gap.clone()),
-                None => Probe::NotYet(format!("no gap; partitions {:?}", status.partitions)),
-            })
-        })
+        .wait_gap_held(Duration::from_secs(120), || status_at(&grpc_url))
         .expect("gap reported");
     assert_eq!(
         (

@@ -11,6 +11,7 @@ mod dedup_state;
 mod delta_archiver;
 mod deploy;
 mod exactly_once;
+mod gaps;
 mod ingest_api;
 mod ingest_resilience;
 mod layering;

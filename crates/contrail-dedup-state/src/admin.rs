@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use contrail_common::admin::AdminControls;
+use contrail_common::consume::gaps::{GapCause, Held};
 use contrail_flight::document::flight_document;
 use contrail_flight::flight;
 use contrail_proto::admin::v1 as admin;
@@ -299,6 +300,83 @@ impl admin::admin_service_server::AdminService for DedupAdmin {
         &self,
         request: Request<admin::AcceptGapRequest>,
     ) -> Result<Response<admin::AcceptGapResponse>, Status> {
-        self.controls.accept_gap(request.get_ref())
+        let request = request.get_ref();
+        refuse_past_end(&self.controls.gaps().held(), request)?;
+        self.controls.accept_gap(request)
+    }
+}
+
+/// dedup-state does not accept a gap past the end of its input (the topic deleted and created
+/// again): the new topic's offsets start below the shard's stored offset, and the shard takes
+/// records below it for ones it has already processed, so "accepting" would skip them silently.
+/// `FAILED_PRECONDITION` naming them and what to do instead; retention gaps pass.
+fn refuse_past_end(held: &[Held], request: &admin::AcceptGapRequest) -> Result<(), Status> {
+    let refused: Vec<String> = held
+        .iter()
+        .filter(|held| held.gap.cause == GapCause::PastEnd)
+        .filter(|held| request.all || (held.topic == request.topic && held.partition == request.partition))
+        .map(|held| {
+            format!(
+                "{}/{} (stored offset {})",
+                held.topic, held.partition, held.gap.stored_next
+            )
+        })
+        .collect();
+    if refused.is_empty() {
+        return Ok(());
+    }
+    Err(Status::failed_precondition(format!(
+        "dedup-state cannot go on past a re-created input topic at {}: the new topic's offsets start \
+         below the shard's stored offset, so its records would be taken for ones already processed. \
+         The partition stays held; docs/OPERATIONS.md (\"A partition held at a gap\") says what can be done",
+        refused.join(", ")
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use contrail_common::consume::gaps::Gap;
+
+    fn held(partition: i32, cause: GapCause) -> Held {
+        Held {
+            topic: "raw".to_owned(),
+            partition,
+            gap: Gap {
+                cause,
+                stored_next: 500,
+                log_start: 0,
+                log_end: 40,
+            },
+            found_at_us: 0,
+        }
+    }
+
+    fn request(partition: i32, all: bool) -> admin::AcceptGapRequest {
+        admin::AcceptGapRequest {
+            topic: if all { String::new() } else { "raw".to_owned() },
+            partition,
+            all,
+        }
+    }
+
+    #[test]
+    fn a_gap_past_the_end_of_the_input_is_refused_and_a_retention_gap_passes() {
+        let book = [held(0, GapCause::PastEnd), held(1, GapCause::Retention)];
+        let refused = refuse_past_end(&book, &request(0, false)).expect_err("past the end");
+        assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
+        assert!(
+            refused.message().contains("raw/0 (stored offset 500)"),
+            "{}",
+            refused.message()
+        );
+        assert!(refuse_past_end(&book, &request(1, false)).is_ok());
+        assert!(
+            refuse_past_end(&book, &request(7, false)).is_ok(),
+            "not held: NOT_FOUND comes later"
+        );
+        let all = refuse_past_end(&book, &request(0, true)).expect_err("all includes partition 0");
+        assert!(!all.message().contains("raw/1"), "{}", all.message());
+        assert!(refuse_past_end(&book[1..], &request(0, true)).is_ok());
     }
 }

@@ -17,6 +17,7 @@ pub mod checkpointing;
 pub mod cli;
 pub mod config;
 pub mod error;
+pub mod gap_watch;
 pub mod in_flight;
 pub mod metrics;
 pub mod processor;
@@ -44,6 +45,7 @@ pub use config::DedupStateConfig;
 pub use error::DedupStateError;
 
 use crate::checkpointing::{ControlServer, Coordinator};
+use crate::gap_watch::GapWatch;
 use crate::shards::{OutputContext, Processing, ShardSet};
 use crate::worker::{GroupContext, WorkerSettings};
 
@@ -224,7 +226,11 @@ pub async fn run(config: DedupStateConfig, shutdown: Shutdown) -> Result<(), Ded
     // The processing thread: RocksDB and librdkafka calls are blocking, so it is a plain thread.
     let stop = Arc::new(AtomicBool::new(false));
     let consumer: BaseConsumer<GroupContext> = consumer_config(&config)?
-        .create_with_context(worker::group_context(shards.clone(), &config.topics.raw))
+        .create_with_context(worker::group_context(
+            shards.clone(),
+            &config.topics.raw,
+            stage.controls.gaps(),
+        ))
         .map_err(|error| DedupStateError::Broker(format!("consumer: {error}")))?;
     let settings = WorkerSettings {
         input_topic: config.topics.raw.clone(),
@@ -234,6 +240,11 @@ pub async fn run(config: DedupStateConfig, shutdown: Shutdown) -> Result<(), Ded
         lateness_us: config.rules.rules().allowed_lateness_us,
         threads: config.batch.processing_threads(),
     };
+    let watch = GapWatch::new(
+        stage.controls.gaps(),
+        config.kafka.client_config("dedup-state-probe")?,
+        &config.topics.raw,
+    );
     let (done_sender, done) = tokio::sync::oneshot::channel();
     let thread_stop = stop.clone();
     let thread_paused = paused.clone();
@@ -248,6 +259,7 @@ pub async fn run(config: DedupStateConfig, shutdown: Shutdown) -> Result<(), Ded
                 &command_receiver,
                 &thread_stop,
                 &thread_paused,
+                &watch,
             );
             drop(consumer);
             let _ = done_sender.send(result);

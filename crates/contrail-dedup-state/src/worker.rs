@@ -7,6 +7,8 @@
 //!   complete checkpoint, or started empty (the pure [`protocol::restore_plan`]); the partition is
 //!   then assigned *at the offset stored in the shard* — never at a group offset or a guess — and the
 //!   shard's outbox is queued for re-sending (produced by the polling thread before any new batch).
+//!   A partition assigned at a stored offset stays paused until the polling thread has judged that
+//!   offset against the topic ([`GapWatch`]): a gap holds that partition only.
 //! - **Batches**: polled records are held per partition; each partition's next batch runs on one of
 //!   `batch.threads` processing threads (or on the polling thread for 1), one batch per shard at a
 //!   time; a record below the shard's stored offset is already reflected in its state and skipped
@@ -27,6 +29,7 @@ use std::sync::mpsc::{self, Receiver};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use contrail_common::consume::gaps::{self, Gaps};
 use contrail_common::consume::{Gap, judge_gap};
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, RebalanceProtocol};
 use rdkafka::message::Message;
@@ -35,6 +38,7 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio::sync::oneshot;
 
 use crate::error::DedupStateError;
+use crate::gap_watch::GapWatch;
 use crate::shards::{OwnedRecord, PendingCheckpoint, Processed, ShardSet};
 
 /// Requests to the processing thread.
@@ -57,30 +61,34 @@ pub enum GapAction {
     /// stored offset, and repeated reads skip the same offsets: transaction markers or
     /// compaction): process from the record read.
     Accept,
-    /// Records between the two offsets are gone from the broker: never skip them silently.
+    /// Records between the two offsets are gone from the broker (retention): never skip them
+    /// silently — the partition is held at this gap until an operator accepts it.
+    Hold(gaps::Gap),
+    /// The broker's log start cannot be read: nothing to decide on.
     Fail(String),
 }
 
 pub use contrail_common::consume::GAP_RETRIES;
 
 /// Decides on a gap at `partition`: `expected` is the shard's stored offset, `got` the first
-/// record read, `attempts` how many times this gap was seen in a row, `low_watermark` the
-/// partition's first offset on the broker (if it could be read). Pure.
+/// record read, `attempts` how many times this gap was seen in a row, `watermarks` the
+/// partition's first and next offset on the broker (if they could be read). Pure.
 pub fn on_gap(
     partition: i32,
     expected: i64,
     got: i64,
     attempts: u32,
-    low_watermark: Option<i64>,
+    watermarks: Option<(i64, i64)>,
 ) -> GapAction {
-    match judge_gap(expected, got, attempts, low_watermark) {
+    match judge_gap(expected, got, attempts, watermarks.map(|(low, _)| low)) {
         Gap::Reseek => GapAction::Reseek,
         Gap::NothingLost => GapAction::Accept,
-        Gap::Lost { from, to, log_start } => GapAction::Fail(format!(
-            "partition {partition}: records {from}..{to} are gone from the broker (its log starts at {log_start}: \
-             retention?); dedup-state stops rather than skip them. Restore the data, or accept the loss by \
-             restoring the shard from a checkpoint taken after them"
-        )),
+        Gap::Lost { from, log_start, .. } => GapAction::Hold(gaps::Gap {
+            cause: gaps::GapCause::Retention,
+            stored_next: from,
+            log_start,
+            log_end: watermarks.map_or(log_start, |(_, high)| high),
+        }),
         Gap::Unknown => GapAction::Fail(format!(
             "partition {partition}: reads start at offset {got}, not at the stored {expected}, and the \
              broker's log start cannot be read"
@@ -101,6 +109,22 @@ struct GapSeen {
 pub struct GroupContext {
     shards: Arc<ShardSet>,
     input_topic: String,
+    gaps: Gaps,
+    /// Partitions assigned at a stored offset, paused until the polling thread judged that offset
+    /// against the topic ([`GapWatch::check_assigned`]).
+    unjudged: Mutex<Vec<(i32, i64)>>,
+}
+
+impl GroupContext {
+    /// The partitions assigned since the last call, with their shards' stored offsets.
+    fn take_unjudged(&self) -> Vec<(i32, i64)> {
+        std::mem::take(
+            &mut *self
+                .unjudged
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
+    }
 }
 
 impl ClientContext for GroupContext {}
@@ -142,6 +166,25 @@ impl ConsumerContext for GroupContext {
                 if let Err(error) = result {
                     self.shards.fail(format!("assign: {error}"));
                 }
+                // Nothing of a partition with a stored offset is read before that offset is judged
+                // against the topic (no silent gap): the polling thread resumes it.
+                let mut stored = TopicPartitionList::new();
+                let mut unjudged = Vec::new();
+                for element in assignment.elements() {
+                    if let Offset::Offset(offset) = element.offset() {
+                        let _ = stored.add_partition(element.topic(), element.partition());
+                        unjudged.push((element.partition(), offset));
+                    }
+                }
+                if !unjudged.is_empty() {
+                    if let Err(error) = consumer.pause(&stored) {
+                        tracing::warn!(%error, "pausing the assigned partitions until their offsets are judged");
+                    }
+                    self.unjudged
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .extend(unjudged);
+                }
                 tracing::info!(partitions = ?assignment.elements().iter().map(|e| (e.partition(), e.offset())).collect::<Vec<_>>(), "partitions assigned at their stored offsets");
             }
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
@@ -152,6 +195,13 @@ impl ConsumerContext for GroupContext {
                     .collect();
                 tracing::info!(?revoked, lost = consumer.assignment_lost(), "partitions revoked");
                 self.shards.close(&revoked);
+                for partition in &revoked {
+                    self.gaps.release(&self.input_topic, *partition);
+                }
+                self.unjudged
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .retain(|(partition, _)| !revoked.contains(partition));
                 let result = if cooperative {
                     consumer.incremental_unassign(partitions)
                 } else {
@@ -187,11 +237,14 @@ pub struct WorkerSettings {
     pub threads: usize,
 }
 
-/// Builds the group context for a consumer.
-pub fn group_context(shards: Arc<ShardSet>, input_topic: &str) -> GroupContext {
+/// Builds the group context for a consumer; `gaps` is the stage's book of partitions held at a
+/// gap (a revoked partition leaves it).
+pub fn group_context(shards: Arc<ShardSet>, input_topic: &str, gaps: Gaps) -> GroupContext {
     GroupContext {
         shards,
         input_topic: input_topic.to_owned(),
+        gaps,
+        unjudged: Mutex::new(Vec::new()),
     }
 }
 
@@ -272,6 +325,7 @@ pub fn run(
     commands: &Receiver<Command>,
     stop: &AtomicBool,
     paused: &AtomicBool,
+    watch: &GapWatch,
 ) -> Result<(), DedupStateError> {
     consumer.subscribe(&[&settings.input_topic]).map_err(|error| {
         DedupStateError::Broker(format!("subscribe to {}: {error}", settings.input_topic))
@@ -319,6 +373,7 @@ pub fn run(
             commands,
             stop,
             paused,
+            watch,
         };
         let result = driver.poll_loop(jobs.as_ref(), &done);
         // Closing the job queue ends the processing threads once their batches are done.
@@ -341,6 +396,7 @@ struct Driver<'a> {
     commands: &'a Receiver<Command>,
     stop: &'a AtomicBool,
     paused: &'a AtomicBool,
+    watch: &'a GapWatch,
 }
 
 impl Driver<'_> {
@@ -357,6 +413,7 @@ impl Driver<'_> {
             commands,
             stop,
             paused,
+            watch,
         } = *self;
         let threads = settings.threads.max(1);
         // Polled records are held up to this many (then the loop waits for batches to finish).
@@ -376,10 +433,25 @@ impl Driver<'_> {
                     }
                 }
             }
+            let unjudged = consumer.context().take_unjudged();
+            if !unjudged.is_empty() {
+                watch.check_assigned(consumer, unjudged);
+            }
+            for accepted in watch.take_accepted(consumer) {
+                pending.clear(accepted.partition);
+                gaps.insert(
+                    accepted.partition,
+                    GapSeen {
+                        expected: accepted.expected,
+                        attempts: 0,
+                        accepted: true,
+                    },
+                );
+            }
             shards.apply_deliveries();
             while let Ok(finished) = done.try_recv() {
                 pending.running.remove(&finished.job.partition);
-                on_batch_done(consumer, settings, &mut pending, &mut gaps, finished)?;
+                on_batch_done(consumer, settings, watch, &mut pending, &mut gaps, finished)?;
             }
             // Re-sends queued by an assignment go out before any newer output.
             shards
@@ -394,6 +466,9 @@ impl Driver<'_> {
                     } else {
                         consumer.resume(&assignment)
                     };
+                    if !want_pause {
+                        watch.keep_held_paused(consumer);
+                    }
                 }
                 is_paused = want_pause;
             }
@@ -464,7 +539,7 @@ impl Driver<'_> {
                         let wait = Duration::from_millis(if pending.total >= hold { 20 } else { 1 });
                         if let Ok(finished) = done.recv_timeout(wait) {
                             pending.running.remove(&finished.job.partition);
-                            on_batch_done(consumer, settings, &mut pending, &mut gaps, finished)?;
+                            on_batch_done(consumer, settings, watch, &mut pending, &mut gaps, finished)?;
                         }
                     }
                 }
@@ -482,6 +557,7 @@ impl Driver<'_> {
                         on_batch_done(
                             consumer,
                             settings,
+                            watch,
                             &mut pending,
                             &mut gaps,
                             JobDone { job, outcome },
@@ -513,6 +589,7 @@ impl Driver<'_> {
 fn on_batch_done(
     consumer: &BaseConsumer<GroupContext>,
     settings: &WorkerSettings,
+    watch: &GapWatch,
     pending: &mut Pending,
     gaps: &mut HashMap<i32, GapSeen>,
     finished: JobDone,
@@ -537,15 +614,14 @@ fn on_batch_done(
                 };
             }
             gap.attempts += 1;
-            let low = (gap.attempts >= GAP_RETRIES)
+            let watermarks = (gap.attempts >= GAP_RETRIES)
                 .then(|| {
                     consumer
                         .fetch_watermarks(&settings.input_topic, partition, Duration::from_secs(10))
                         .ok()
-                        .map(|(low, _)| low)
                 })
                 .flatten();
-            match on_gap(partition, expected, got, gap.attempts, low) {
+            match on_gap(partition, expected, got, gap.attempts, watermarks) {
                 GapAction::Reseek => {
                     tracing::warn!(
                         partition,
@@ -577,6 +653,10 @@ fn on_batch_done(
                     );
                     gap.accepted = true;
                     pending.put_back(partition, job.records);
+                }
+                GapAction::Hold(found) => {
+                    pending.clear(partition);
+                    watch.hold(consumer, partition, found);
                 }
                 GapAction::Fail(message) => return Err(DedupStateError::Worker(message)),
             }
@@ -680,21 +760,28 @@ mod tests {
     }
 
     #[test]
-    fn a_gap_is_read_again_then_accepted_only_if_the_broker_holds_nothing_in_it() {
+    fn a_gap_is_read_again_then_held_if_the_broker_deleted_records_in_it() {
         assert_eq!(on_gap(2, 100, 105, 1, None), GapAction::Reseek);
-        assert_eq!(on_gap(2, 100, 105, GAP_RETRIES - 1, Some(200)), GapAction::Reseek);
-        // The broker's log starts after the shard's offset: records were deleted (retention).
-        match on_gap(2, 100, 105, GAP_RETRIES, Some(103)) {
-            GapAction::Fail(message) => {
-                assert!(
-                    message.contains("partition 2: records 100..103 are gone"),
-                    "{message}"
-                )
-            }
-            other => panic!("{other:?}"),
-        }
+        assert_eq!(
+            on_gap(2, 100, 105, GAP_RETRIES - 1, Some((200, 300))),
+            GapAction::Reseek
+        );
+        // The broker's log starts after the shard's offset: records were deleted (retention). The
+        // partition is held at the gap, which ends where the log starts.
+        assert_eq!(
+            on_gap(2, 100, 105, GAP_RETRIES, Some((103, 150))),
+            GapAction::Hold(gaps::Gap {
+                cause: gaps::GapCause::Retention,
+                stored_next: 100,
+                log_start: 103,
+                log_end: 150,
+            })
+        );
         // The log holds the offsets, yet three reads skip them: no records there.
-        assert_eq!(on_gap(2, 100, 105, GAP_RETRIES, Some(0)), GapAction::Accept);
+        assert_eq!(
+            on_gap(2, 100, 105, GAP_RETRIES, Some((0, 150))),
+            GapAction::Accept
+        );
         assert!(matches!(
             on_gap(2, 100, 105, GAP_RETRIES, None),
             GapAction::Fail(_)

@@ -669,6 +669,34 @@ impl DedupUnderTest {
         self.wait_ready(Duration::from_secs(120))
     }
 
+    /// Starts the same deployment again without waiting for readiness (a stage holding a partition
+    /// at a gap is not ready).
+    pub fn spawn_again(&mut self) -> Result<()> {
+        let binary = workspace_binary("dedup-state")?;
+        self.process = StageProcess::spawn(&binary, &self.env, &self.dir.join("dedup-state.log"))?;
+        Ok(())
+    }
+
+    /// The admin API's `AcceptGap` for `topic`/`partition`: the answer, or the refusal.
+    pub fn accept_gap(
+        &self,
+        topic: &str,
+        partition: i32,
+    ) -> Result<std::result::Result<contrail_proto::admin::v1::AcceptGapResponse, tonic::Status>> {
+        let topic = topic.to_owned();
+        self.admin(|mut client, token| async move {
+            let request = authorized(
+                contrail_proto::admin::v1::AcceptGapRequest {
+                    topic,
+                    partition,
+                    all: false,
+                },
+                &token,
+            )?;
+            Ok(client.accept_gap(request).await.map(tonic::Response::into_inner))
+        })
+    }
+
     /// `kill -9`, then [`DedupUnderTest::restart`].
     pub fn restart_after_kill9(&mut self) -> Result<()> {
         self.process.kill9();

@@ -221,6 +221,25 @@ impl StageProcess {
             }
         })
     }
+
+    /// Waits until the admin `status` (a call of this process's admin API) reports a partition
+    /// held at a gap; returns the first one reported.
+    pub fn wait_gap_held(
+        &mut self,
+        timeout: Duration,
+        status: impl Fn() -> Result<contrail_proto::admin::v1::StatusResponse>,
+    ) -> Result<contrail_proto::admin::v1::GapStatus> {
+        self.wait_until("a partition held at a gap", timeout, || {
+            let status = match status() {
+                Ok(status) => status,
+                Err(error) => return Ok(Probe::NotYet(format!("{error:#}"))),
+            };
+            Ok(match status.gaps.first() {
+                Some(gap) => Probe::Ready(gap.clone()),
+                None => Probe::NotYet(format!("no gap; partitions {:?}", status.partitions)),
+            })
+        })
+    }
 }
 
 impl Drop for StageProcess {

@@ -1,0 +1,170 @@
+//! No silent gap in dedup-state's input (docs/CONTRACT.md, "No silent gap"): a partition whose
+//! shard's stored offset is not in the input topic any more is stopped — that partition only —
+//! reported through the stage's [`Gaps`] (ERROR log, metric, readiness, admin status) and goes on
+//! only once an operator accepts the gap.
+//!
+//! Two ways to find one: on assignment, the shard's stored offset against the partition's
+//! watermarks ([`gaps::judge_start`]; a position past the end the broker reports is confirmed with
+//! the broker, [`gaps::position_exists`]); and while reading, a batch that starts past the stored
+//! offset whose records between are gone ([`crate::worker::on_gap`]). The rebalance callback
+//! pauses each partition it assigns at a stored offset; [`GapWatch::check_assigned`] resumes it
+//! once judged, so no record of an unjudged partition is read.
+//!
+//! Accepting a retention gap resumes the partition at the topic's first offset (offsets keep
+//! increasing, so the shard's state and its outputs' positions stay in order). A gap past the end
+//! — the input topic deleted and created again — is not accepted here: the new topic's offsets
+//! start below the shard's, whose records the shard takes for ones it has processed (see
+//! [`crate::admin`]).
+use std::time::Duration;
+
+use contrail_common::consume::gaps::{self, Gap, Gaps, Start};
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
+use rdkafka::{Offset, TopicPartitionList};
+
+/// How long the broker has to show the record before a stored offset past its reported end.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A retention gap an operator accepted: the partition goes on at `from`, past the shard's
+/// `expected` offset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Accepted {
+    /// The partition.
+    pub partition: i32,
+    /// The shard's stored offset.
+    pub expected: i64,
+    /// Where the partition goes on (the topic's first offset when the gap was found).
+    pub from: i64,
+}
+
+/// The polling thread's side of [`Gaps`] for the input topic.
+pub struct GapWatch {
+    gaps: Gaps,
+    probe: ClientConfig,
+    topic: String,
+}
+
+impl GapWatch {
+    /// Watches `topic`'s partitions; `probe` is the stage's client configuration.
+    pub fn new(gaps: Gaps, probe: ClientConfig, topic: &str) -> GapWatch {
+        GapWatch {
+            gaps,
+            probe,
+            topic: topic.to_owned(),
+        }
+    }
+
+    /// Whether `partition` is held at a gap (its records are dropped; none should arrive).
+    pub fn is_held(&self, partition: i32) -> bool {
+        self.gaps.is_held(&self.topic, partition)
+    }
+
+    /// Judges the partitions just assigned at their shards' `(partition, stored offset)`: resumes
+    /// the ones whose position the topic holds, holds the others.
+    pub fn check_assigned<C: ConsumerContext>(&self, consumer: &BaseConsumer<C>, assigned: Vec<(i32, i64)>) {
+        for (partition, stored) in assigned {
+            match self.judge(consumer, partition, stored) {
+                Ok(None) => self.set_paused(consumer, partition, false),
+                Ok(Some(gap)) => self.hold(consumer, partition, gap),
+                Err(error) => {
+                    // Not judged: better read it (the batch check still refuses to skip) than stop it
+                    // for a broker hiccup.
+                    tracing::warn!(
+                        topic = %self.topic,
+                        partition,
+                        stored,
+                        %error,
+                        "could not judge the partition's stored offset against the topic; reading it"
+                    );
+                    self.set_paused(consumer, partition, false);
+                }
+            }
+        }
+    }
+
+    fn judge<C: ConsumerContext>(
+        &self,
+        consumer: &BaseConsumer<C>,
+        partition: i32,
+        stored: i64,
+    ) -> Result<Option<Gap>, String> {
+        let (low, high) = consumer
+            .fetch_watermarks(&self.topic, partition, Duration::from_secs(10))
+            .map_err(|error| format!("watermarks: {error}"))?;
+        Ok(match gaps::judge_start(Some(stored), low, high) {
+            Start::First(_) | Start::At(_) => None,
+            Start::Gap(gap) => Some(gap),
+            Start::PastReportedEnd(next) => {
+                let exists = gaps::position_exists(&self.probe, &self.topic, partition, next, PROBE_TIMEOUT)
+                    .map_err(|error| format!("asking for offset {}: {error}", next - 1))?;
+                (!exists).then(|| gaps::past_end(next, low, high))
+            }
+        })
+    }
+
+    /// Holds `partition` at `gap`: reported, and paused so nothing of it is read.
+    pub fn hold<C: ConsumerContext>(&self, consumer: &BaseConsumer<C>, partition: i32, gap: Gap) {
+        self.gaps.hold(&self.topic, partition, gap);
+        self.set_paused(consumer, partition, true);
+    }
+
+    /// After the loop resumed its whole assignment: pauses the held partitions again.
+    pub fn keep_held_paused<C: ConsumerContext>(&self, consumer: &BaseConsumer<C>) {
+        for held in self.gaps.held() {
+            if held.topic == self.topic {
+                self.set_paused(consumer, held.partition, true);
+            }
+        }
+    }
+
+    /// The gaps an operator accepted since the last call: each partition is sought to where it goes
+    /// on and resumed.
+    pub fn take_accepted<C: ConsumerContext>(&self, consumer: &BaseConsumer<C>) -> Vec<Accepted> {
+        let mut accepted = Vec::new();
+        for held in self.gaps.take_accepted() {
+            if held.topic != self.topic {
+                continue;
+            }
+            let partition = held.partition;
+            let from = held.gap.log_start;
+            if let Err(error) = consumer.seek(
+                &self.topic,
+                partition,
+                Offset::Offset(from),
+                Duration::from_secs(10),
+            ) {
+                // Still paused at its old position: hold it again rather than read from a guess.
+                tracing::error!(topic = %self.topic, partition, from, %error, "seeking to the accepted gap's end");
+                self.gaps.hold(&self.topic, partition, held.gap);
+                continue;
+            }
+            self.set_paused(consumer, partition, false);
+            tracing::warn!(
+                topic = %self.topic,
+                partition,
+                expected = held.gap.stored_next,
+                from,
+                "partition goes on after its accepted gap"
+            );
+            accepted.push(Accepted {
+                partition,
+                expected: held.gap.stored_next,
+                from,
+            });
+        }
+        accepted
+    }
+
+    fn set_paused<C: ConsumerContext>(&self, consumer: &BaseConsumer<C>, partition: i32, pause: bool) {
+        let mut list = TopicPartitionList::new();
+        list.add_partition(&self.topic, partition);
+        let result = if pause {
+            consumer.pause(&list)
+        } else {
+            consumer.resume(&list)
+        };
+        if let Err(error) = result {
+            tracing::warn!(topic = %self.topic, partition, pause, %error, "pausing or resuming a partition");
+        }
+    }
+}
