@@ -14,7 +14,8 @@
 # Prints the library's directory on stdout (progress on stderr). scripts/setup.sh exports it for
 # every build the scripts run; for a cargo command of your own, the same environment:
 #   export ROCKSDB_LIB_DIR="$(bash scripts/rocksdb.sh)" ROCKSDB_STATIC=1
-# Environment: CONTRAIL_CACHE_DIR (default ~/.cache/contrail) is where libraries are kept.
+# Libraries are kept in ${XDG_CACHE_HOME:-~/.cache}/contrail/rocksdb (not a CONTRAIL_ variable:
+# those are the stages' configuration keys, and a stage refuses one it does not know).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 
@@ -72,7 +73,7 @@ compiler="$("$cxx" --version | head -1)"
 recipe="unity-1"
 key="$(printf '%s\n' "librocksdb-sys $rocksdb_sys" "lz4-sys $lz4_sys" "compiler $compiler" \
   "flags ${flags[*]}" "recipe $recipe" | sha256sum | cut -c1-12)"
-cache="${CONTRAIL_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/contrail}/rocksdb"
+cache="${XDG_CACHE_HOME:-$HOME/.cache}/contrail/rocksdb"
 lib_dir="$cache/$rocksdb_sys-$key"
 stamp="$lib_dir/contrail-rocksdb.stamp"
 
