@@ -60,11 +60,17 @@ impl GapWatch {
     }
 
     /// Judges the partitions just assigned at their shards' `(partition, stored offset)`: resumes
-    /// the ones whose position the topic holds, holds the others.
-    pub fn check_assigned<C: ConsumerContext>(&self, consumer: &BaseConsumer<C>, assigned: Vec<(i32, i64)>) {
+    /// the ones whose position the topic holds (unless the loop keeps its whole assignment
+    /// `paused`: its resume takes them along), holds the others.
+    pub fn check_assigned<C: ConsumerContext>(
+        &self,
+        consumer: &BaseConsumer<C>,
+        assigned: Vec<(i32, i64)>,
+        paused: bool,
+    ) {
         for (partition, stored) in assigned {
             match self.judge(consumer, partition, stored) {
-                Ok(None) => self.set_paused(consumer, partition, false),
+                Ok(None) => self.set_paused(consumer, partition, paused),
                 Ok(Some(gap)) => self.hold(consumer, partition, gap),
                 Err(error) => {
                     // Not judged: better read it (the batch check still refuses to skip) than stop it
@@ -76,7 +82,7 @@ impl GapWatch {
                         %error,
                         "could not judge the partition's stored offset against the topic; reading it"
                     );
-                    self.set_paused(consumer, partition, false);
+                    self.set_paused(consumer, partition, paused);
                 }
             }
         }

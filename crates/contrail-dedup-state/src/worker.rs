@@ -215,6 +215,16 @@ impl ConsumerContext for GroupContext {
                 tracing::error!(error = ?other, "rebalance error");
                 let _ = consumer.unassign();
                 self.shards.close_all();
+                // Nothing is owned any more: no partition is held or waits to be judged here.
+                for held in self.gaps.held() {
+                    if held.topic == self.input_topic {
+                        self.gaps.release(&held.topic, held.partition);
+                    }
+                }
+                self.unjudged
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .clear();
             }
         }
     }
@@ -435,7 +445,7 @@ impl Driver<'_> {
             }
             let unjudged = consumer.context().take_unjudged();
             if !unjudged.is_empty() {
-                watch.check_assigned(consumer, unjudged);
+                watch.check_assigned(consumer, unjudged, is_paused);
             }
             for accepted in watch.take_accepted(consumer) {
                 pending.clear(accepted.partition);
