@@ -44,6 +44,21 @@ if [ -z "${ROCKSDB_COMPILE:-}" ]; then
   export ROCKSDB_LIB_DIR ROCKSDB_STATIC=1
 fi
 
+# A new clone of sources an earlier clone already built reuses that build: `restore_tree_mtimes`
+# (before a build) gives every unchanged file the modification time recorded after the earlier
+# build, `record_tree_mtimes` (after a build) records them (scripts/tree_mtimes.py says when
+# restoring is sound). Without it every CI run, always a new clone, recompiled all our crates.
+restore_tree_mtimes() {
+  if command -v python3 >/dev/null && git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+    python3 scripts/tree_mtimes.py restore || echo "setup: restoring modification times failed; the build recompiles our crates"
+  fi
+}
+record_tree_mtimes() {
+  if command -v python3 >/dev/null && git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+    python3 scripts/tree_mtimes.py record || echo "setup: recording modification times failed; the next clone recompiles our crates"
+  fi
+}
+
 # The second part in the background while the caller builds: `setup_tools_start` before the
 # build, `setup_tools_finish` after it (waits, shows what it printed, fails if it failed, then
 # exports the tools' environment). CPU and network work overlap instead of adding up.

@@ -8,9 +8,11 @@ cd "$(dirname "$0")/.."
 CONTRAIL_SETUP_ONLY=build
 source scripts/setup.sh
 setup_tools_start
+restore_tree_mtimes
 started=$SECONDS
 cargo build --workspace --all-targets
 echo "== build took $((SECONDS - started)) s"
+record_tree_mtimes
 setup_tools_finish
 started=$SECONDS
 cargo nextest run --workspace --no-fail-fast "$@"

@@ -14,8 +14,10 @@ setup_tools_start
 # Only what `contrail up` runs: the binaries. The test command's build (`--all-targets`) reuses
 # every artifact of this one, because both resolve the same features
 # (tests/tests/build_sharing.rs).
+restore_tree_mtimes
 started=$SECONDS
 cargo build --workspace --bins
 echo "== build took $((SECONDS - started)) s"
+record_tree_mtimes
 setup_tools_finish
 exec "$CARGO_TARGET_DIR/debug/contrail" up "$@"

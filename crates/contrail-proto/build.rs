@@ -3,8 +3,10 @@
 use std::path::PathBuf;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let manifest_dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?);
-    let proto_root = manifest_dir.join("../../proto");
+    // Relative to the package (a build script's working directory): the path cargo keeps for
+    // `rerun-if-changed` is then the same in every clone, and a new clone of unchanged sources
+    // reuses the generated code (scripts/tree_mtimes.py) instead of rebuilding every crate.
+    let proto_root = PathBuf::from("../../proto");
     let protos = [
         "contrail/v1/events.proto",
         "contrail/ingest/v1/ingest.proto",

@@ -5,15 +5,15 @@
 //! package above it, a second build — minutes of recompiling tokio, serde, tonic and the stages.
 //! And the packages the dev profile builds at opt-level 0 to save build time run only while
 //! building: none of them is linked into a binary the tests and `contrail up` run.
+//! Every clone of the same sources shares one build (scripts/tree_mtimes.py): nothing compiled
+//! may carry the path of the clone it was compiled in.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
+use std::path::PathBuf;
 use std::process::Command;
 
-fn workspace_root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("tests/ has a parent")
+fn workspace_root() -> PathBuf {
+    contrail_testkit::workspace_root()
 }
 
 /// Each package (`name version`) and its features as `cargo tree` resolves them, with (`--edges
@@ -138,4 +138,46 @@ fn the_feature_list_parser_reads_what_cargo_tree_prints() {
         BTreeSet::from(["alloc", "default", "derive", "std"].map(str::to_owned))
     );
     assert!(parsed["contrail-proto v0.1.0"].is_empty());
+}
+
+/// A clone reuses what another clone of the same sources compiled (scripts/tree_mtimes.py gives
+/// unchanged files their recorded times), and cargo does not rebuild a crate whose directory moved:
+/// `env!("CARGO_MANIFEST_DIR")` would bake in the first clone's path, maybe deleted since. The
+/// clone is found at run time instead (`contrail_testkit::workspace_root`, the `CARGO_MANIFEST_DIR`
+/// cargo sets when it runs a test).
+#[test]
+fn no_source_compiles_in_the_path_of_its_clone() {
+    let root = workspace_root();
+    let listed = Command::new("git")
+        .args(["ls-files", "-z", "--", "*.rs"])
+        .current_dir(&root)
+        .output()
+        .expect("git ls-files");
+    assert!(listed.status.success(), "git ls-files: {listed:?}");
+    let forbidden = concat!("env!(", "\"CARGO_MANIFEST_DIR\")");
+    let mut offenders = Vec::new();
+    let mut scanned = 0;
+    for file in String::from_utf8_lossy(&listed.stdout)
+        .split('\0')
+        .filter(|f| !f.is_empty())
+    {
+        let text = std::fs::read_to_string(root.join(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
+        scanned += 1;
+        offenders.extend(
+            text.lines()
+                .enumerate()
+                .filter(|(_, line)| line.contains(forbidden) && !line.trim_start().starts_with("//"))
+                .map(|(number, line)| format!("{file}:{}: {}", number + 1, line.trim())),
+        );
+    }
+    assert!(
+        scanned > 100,
+        "only {scanned} Rust files listed under {}",
+        root.display()
+    );
+    assert!(
+        offenders.is_empty(),
+        "compiled-in clone paths:\n{}",
+        offenders.join("\n")
+    );
 }

@@ -25,11 +25,11 @@ struct Report {
 }
 
 fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+    contrail_testkit::workspace_root()
 }
 
 fn check(root: &Path) -> Report {
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python/check_deploy.py");
+    let script = contrail_testkit::workspace_root().join("tests/python/check_deploy.py");
     let output = std::process::Command::new("python3")
         .arg(&script)
         .arg(root)

@@ -3,7 +3,7 @@
 //! workspace is on the map.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
+use std::path::PathBuf;
 use std::process::Command;
 
 /// What each crate may depend on (contrail crates only), as docs/ARCHITECTURE.md's map says.
@@ -91,10 +91,8 @@ fn allowed() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
     map
 }
 
-fn workspace_root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("tests/ has a parent")
+fn workspace_root() -> PathBuf {
+    contrail_testkit::workspace_root()
 }
 
 /// Every workspace package and its contrail dependencies (any kind).

@@ -484,7 +484,7 @@ mod tests {
     /// The annotated example in deploy/config parses with the real loader and is valid.
     #[test]
     fn the_example_configuration_is_valid() {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        let path = std::path::PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("run by cargo"))
             .join("../../deploy/config/dedup-state.example.toml");
         let no_environment = figment::providers::Env::prefixed("CONTRAIL_EXAMPLE_TEST_UNSET_");
         let config: DedupStateConfig =

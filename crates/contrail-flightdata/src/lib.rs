@@ -56,22 +56,28 @@ pub enum FlightDataError {
     },
 }
 
-/// The data directory shipped in the repository (`data/nycflights13`, found from this crate's source
-/// directory, then from the working directory), or `CONTRAIL_FLIGHT_DATA` when set. Returns the first
-/// candidate that holds `flights.csv.zip`.
+/// `CONTRAIL_FLIGHT_DATA` when set, else the data directory shipped in the repository
+/// (`data/nycflights13` holding `flights.csv.zip`) in the nearest directory above the package
+/// cargo runs (`CARGO_MANIFEST_DIR`, set for tests and `cargo run`) or above the working
+/// directory.
+///
+/// Searched at run time, never from a path compiled in: every clone of the same sources shares
+/// one build (scripts/tree_mtimes.py), so a compiled-in path could name another clone.
 pub fn default_data_dir() -> Option<PathBuf> {
     if let Some(dir) = std::env::var_os("CONTRAIL_FLIGHT_DATA") {
         return Some(PathBuf::from(dir));
     }
-    let manifest_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let mut candidates = vec![manifest_dir.join("../../data/nycflights13")];
-    if let Ok(current) = std::env::current_dir() {
-        candidates.push(current.join("data/nycflights13"));
-    }
-    candidates
-        .into_iter()
-        .find(|dir| dir.join("flights.csv.zip").is_file())
-        .map(|dir| dir.canonicalize().unwrap_or(dir))
+    let starts = [
+        std::env::var_os("CARGO_MANIFEST_DIR").map(PathBuf::from),
+        std::env::current_dir().ok(),
+    ];
+    starts.into_iter().flatten().find_map(|start| {
+        start
+            .ancestors()
+            .map(|dir| dir.join("data/nycflights13"))
+            .find(|dir| dir.join("flights.csv.zip").is_file())
+            .map(|dir| dir.canonicalize().unwrap_or(dir))
+    })
 }
 
 #[cfg(test)]
@@ -82,7 +88,8 @@ mod tests {
     #[test]
     fn the_shipped_data_matches_its_checksums() {
         use sha2::{Digest, Sha256};
-        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/nycflights13");
+        let dir = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("run by cargo"))
+            .join("../../data/nycflights13");
         let sums = std::fs::read_to_string(dir.join("SHA256SUMS")).expect("data/nycflights13/SHA256SUMS");
         let mut checked = 0;
         for line in sums.lines().filter(|line| !line.trim().is_empty()) {

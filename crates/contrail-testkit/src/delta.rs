@@ -5,7 +5,7 @@
 //! (`crates/contrail-testkit/python/verify_delta.py`: delta-rs' Python binding and polars).
 
 use std::collections::{BTreeMap, HashSet};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
@@ -348,7 +348,7 @@ pub fn verify_tables_at(
     }
     let spec_path = work.join("spec.json");
     std::fs::write(&spec_path, serde_json::Value::Object(spec).to_string())?;
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python/verify_delta.py");
+    let script = crate::workspace_root().join("crates/contrail-testkit/python/verify_delta.py");
     let output = std::process::Command::new(std::env::var("PYTHON").unwrap_or_else(|_| "python3".to_owned()))
         .arg(&script)
         .arg(root)

@@ -1,4 +1,29 @@
-//! Fixtures: unique names and directories per test, reproducible kill moments.
+//! Fixtures: unique names and directories per test, reproducible kill moments, the clone's root.
+
+use std::path::PathBuf;
+
+/// The root of the clone the tests run from: the nearest directory holding `Cargo.lock` above
+/// the running test's package (`CARGO_MANIFEST_DIR`, which cargo and nextest set when they run a
+/// test), else above the working directory.
+///
+/// Found at run time, never compiled in: every clone of the same sources shares one build
+/// (scripts/tree_mtimes.py), so a path compiled in could name another, maybe deleted, clone.
+pub fn workspace_root() -> PathBuf {
+    let starts = [
+        std::env::var_os("CARGO_MANIFEST_DIR").map(PathBuf::from),
+        std::env::current_dir().ok(),
+    ];
+    starts
+        .into_iter()
+        .flatten()
+        .find_map(|start| {
+            start
+                .ancestors()
+                .find(|dir| dir.join("Cargo.lock").is_file())
+                .map(PathBuf::from)
+        })
+        .expect("run from a clone: no Cargo.lock above CARGO_MANIFEST_DIR or the working directory")
+}
 
 /// A unique suffix for topic names and directories of one test.
 pub fn unique(prefix: &str) -> String {

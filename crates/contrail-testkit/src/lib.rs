@@ -38,7 +38,7 @@ pub mod up;
 mod wait;
 
 pub use broker::{Broker, shared_broker, tansu_binary};
-pub use fixture::{Moments, test_dir, unique};
+pub use fixture::{Moments, test_dir, unique, workspace_root};
 pub use http::{answers_200, http_get, http_post};
 pub use ingest::{IngestOptions, IngestUnderTest, event_ids, spawn_ingest, start_ingest};
 /// Signal numbers for [`send_signal`].

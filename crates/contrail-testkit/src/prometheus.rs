@@ -11,7 +11,7 @@ use crate::wait::{Probe, wait_until};
 
 /// The rules file the chart ships.
 pub fn shipped_rules() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/helm/contrail/files/prometheus-rules.yaml")
+    crate::workspace_root().join("deploy/helm/contrail/files/prometheus-rules.yaml")
 }
 
 /// A Prometheus process and its HTTP API.
