@@ -3,8 +3,8 @@
 use std::path::PathBuf;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    // Relative to the package (a build script's working directory): the path cargo keeps for
-    // `rerun-if-changed` is then the same in every clone, and a new clone of unchanged sources
+    // Relative to the package (a build script's working directory): the paths cargo keeps for
+    // `rerun-if-changed` are then the same in every clone, and a new clone of unchanged sources
     // reuses the generated code (scripts/tree_mtimes.py) instead of rebuilding every crate.
     let proto_root = PathBuf::from("../../proto");
     let protos = [
@@ -28,6 +28,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .file_descriptor_set_path(&descriptor_path)
         .compile_protos(&proto_paths, std::slice::from_ref(&proto_root))?;
-    println!("cargo:rerun-if-changed={}", proto_root.display());
+    // The files, not their directory: cargo takes a directory's own modification time into
+    // account, and a new clone's directories are all new.
+    for path in &proto_paths {
+        println!("cargo:rerun-if-changed={}", path.display());
+    }
     Ok(())
 }
