@@ -17,7 +17,6 @@ pub mod checkpointing;
 pub mod cli;
 pub mod config;
 pub mod error;
-pub mod gap_watch;
 pub mod in_flight;
 pub mod metrics;
 pub mod processor;
@@ -45,9 +44,9 @@ pub use config::DedupStateConfig;
 pub use error::DedupStateError;
 
 use crate::checkpointing::{ControlServer, Coordinator};
-use crate::gap_watch::GapWatch;
 use crate::shards::{OutputContext, Processing, ShardSet};
 use crate::worker::{GroupContext, WorkerSettings};
+use contrail_common::consume::GapWatch;
 
 /// librdkafka settings of the output producer: idempotent, all replicas, and no delivery timeout
 /// (`message.timeout.ms = 0`): an output waits for the broker however long it is away. A timed-out

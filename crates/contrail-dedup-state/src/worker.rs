@@ -38,8 +38,8 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio::sync::oneshot;
 
 use crate::error::DedupStateError;
-use crate::gap_watch::GapWatch;
 use crate::shards::{OwnedRecord, PendingCheckpoint, Processed, ShardSet};
+use contrail_common::consume::GapWatch;
 
 /// Requests to the processing thread.
 pub enum Command {

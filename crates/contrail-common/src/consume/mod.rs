@@ -2,15 +2,18 @@
 //! a gap in it is ([`position`], pure), rebalances recorded for the loop ([`rebalance`]), how far
 //! behind each partition is ([`standing`]), sending a record it cannot process to the
 //! dead-letter topic ([`dead_letters`]), and holding a partition whose stored position the topic
-//! no longer has until an operator accepts the gap ([`gaps`]).
+//! no longer has until an operator accepts the gap ([`gaps`], and [`gap_watch`] on the polling
+//! thread).
 
 pub mod dead_letters;
+pub mod gap_watch;
 pub mod gaps;
 pub mod position;
 pub mod rebalance;
 pub mod standing;
 
 pub use dead_letters::DeadLetters;
+pub use gap_watch::{Accepted, GapWatch};
 pub use gaps::Gaps;
 pub use position::{GAP_RETRIES, Gap, Placement, judge_gap, place, resume_at};
 pub use rebalance::{RebalanceEvent, Rebalances, RecordingConsumer, RecordingContext, TopicPartition};

@@ -1,37 +1,32 @@
-//! No silent gap in dedup-state's input (docs/CONTRACT.md, "No silent gap"): a partition whose
-//! shard's stored offset is not in the input topic any more is stopped — that partition only —
-//! reported through the stage's [`Gaps`] (ERROR log, metric, readiness, admin status) and goes on
-//! only once an operator accepts the gap.
+//! The polling thread's side of [`Gaps`] for one input topic: no silent gap (docs/CONTRACT.md,
+//! "No silent gap"). A partition whose stored position is not in the topic any more is stopped —
+//! that partition only — reported through the stage's [`Gaps`] (ERROR log, metric, readiness,
+//! admin status) and goes on only once an operator accepts the gap.
 //!
-//! Two ways to find one: on assignment, the shard's stored offset against the partition's
-//! watermarks ([`gaps::judge_start`]; a position past the end the broker reports is confirmed with
-//! the broker, [`gaps::position_exists`]); and while reading, a batch that starts past the stored
-//! offset whose records between are gone ([`crate::worker::on_gap`]). The rebalance callback
-//! pauses each partition it assigns at a stored offset; [`GapWatch::check_assigned`] resumes it
-//! once judged, so no record of an unjudged partition is read.
-//!
-//! Accepting a retention gap resumes the partition at the topic's first offset (offsets keep
-//! increasing, so the shard's state and its outputs' positions stay in order). A gap past the end
-//! — the input topic deleted and created again — is not accepted here: the new topic's offsets
-//! start below the shard's, whose records the shard takes for ones it has processed (see
-//! [`crate::admin`]).
+//! The stage pauses each partition it is assigned at a stored position before reading it (in its
+//! rebalance callback); [`GapWatch::check_assigned`] judges that position against the partition's
+//! watermarks ([`gaps::judge_start`]; a position past the end the broker reports is confirmed
+//! with the broker, [`gaps::position_exists`]) and resumes the partition or holds it. A stage that
+//! finds a gap while reading (a batch starting past its position with the records between
+//! deleted) holds it with [`GapWatch::hold`]. An accepted gap resumes the partition at the topic's
+//! first offset when the gap was found ([`GapWatch::take_accepted`]); what a stage must do with
+//! its own positions then (and whether it can accept a gap past the end at all) is the stage's.
 use std::time::Duration;
 
-use contrail_common::consume::gaps::{self, Gap, Gaps, Start};
+use super::gaps::{self, Gap, Gaps, Start};
 use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
+use rdkafka::consumer::{Consumer, ConsumerContext};
 use rdkafka::{Offset, TopicPartitionList};
 
 /// How long the broker has to show the record before a stored offset past its reported end.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// A retention gap an operator accepted: the partition goes on at `from`, past the shard's
-/// `expected` offset.
+/// A gap an operator accepted: the partition goes on at `from` instead of the stored `expected`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Accepted {
     /// The partition.
     pub partition: i32,
-    /// The shard's stored offset.
+    /// The stored position (the next offset the stage expected).
     pub expected: i64,
     /// Where the partition goes on (the topic's first offset when the gap was found).
     pub from: i64,
@@ -59,12 +54,12 @@ impl GapWatch {
         self.gaps.is_held(&self.topic, partition)
     }
 
-    /// Judges the partitions just assigned at their shards' `(partition, stored offset)`: resumes
+    /// Judges the partitions just assigned at their stored `(partition, next offset)`: resumes
     /// the ones whose position the topic holds (unless the loop keeps its whole assignment
     /// `paused`: its resume takes them along), holds the others.
     pub fn check_assigned<C: ConsumerContext>(
         &self,
-        consumer: &BaseConsumer<C>,
+        consumer: &impl Consumer<C>,
         assigned: Vec<(i32, i64)>,
         paused: bool,
     ) {
@@ -73,8 +68,8 @@ impl GapWatch {
                 Ok(None) => self.set_paused(consumer, partition, paused),
                 Ok(Some(gap)) => self.hold(consumer, partition, gap),
                 Err(error) => {
-                    // Not judged: better read it (the batch check still refuses to skip) than stop it
-                    // for a broker hiccup.
+                    // Not judged: better read it (the stage's check while reading still refuses to
+                    // skip) than stop it for a broker hiccup.
                     tracing::warn!(
                         topic = %self.topic,
                         partition,
@@ -90,7 +85,7 @@ impl GapWatch {
 
     fn judge<C: ConsumerContext>(
         &self,
-        consumer: &BaseConsumer<C>,
+        consumer: &impl Consumer<C>,
         partition: i32,
         stored: i64,
     ) -> Result<Option<Gap>, String> {
@@ -109,13 +104,13 @@ impl GapWatch {
     }
 
     /// Holds `partition` at `gap`: reported, and paused so nothing of it is read.
-    pub fn hold<C: ConsumerContext>(&self, consumer: &BaseConsumer<C>, partition: i32, gap: Gap) {
+    pub fn hold<C: ConsumerContext>(&self, consumer: &impl Consumer<C>, partition: i32, gap: Gap) {
         self.gaps.hold(&self.topic, partition, gap);
         self.set_paused(consumer, partition, true);
     }
 
     /// After the loop resumed its whole assignment: pauses the held partitions again.
-    pub fn keep_held_paused<C: ConsumerContext>(&self, consumer: &BaseConsumer<C>) {
+    pub fn keep_held_paused<C: ConsumerContext>(&self, consumer: &impl Consumer<C>) {
         for held in self.gaps.held() {
             if held.topic == self.topic {
                 self.set_paused(consumer, held.partition, true);
@@ -125,7 +120,7 @@ impl GapWatch {
 
     /// The gaps an operator accepted since the last call: each partition is sought to where it goes
     /// on and resumed.
-    pub fn take_accepted<C: ConsumerContext>(&self, consumer: &BaseConsumer<C>) -> Vec<Accepted> {
+    pub fn take_accepted<C: ConsumerContext>(&self, consumer: &impl Consumer<C>) -> Vec<Accepted> {
         let mut accepted = Vec::new();
         for held in self.gaps.take_accepted() {
             if held.topic != self.topic {
@@ -161,7 +156,7 @@ impl GapWatch {
         accepted
     }
 
-    fn set_paused<C: ConsumerContext>(&self, consumer: &BaseConsumer<C>, partition: i32, pause: bool) {
+    fn set_paused<C: ConsumerContext>(&self, consumer: &impl Consumer<C>, partition: i32, pause: bool) {
         let mut list = TopicPartitionList::new();
         list.add_partition(&self.topic, partition);
         let result = if pause {
