@@ -1,18 +1,23 @@
-//! No silent gap in dedup-state: a shard whose stored input offset is not in the input topic any
+//! No silent gap. dedup-state: a shard whose stored input offset is not in the input topic any
 //! more (here: the topic deleted and created again, which the local broker can do; it cannot
 //! delete records) stops that partition and says so — status, readiness, metric, ERROR log —
 //! instead of failing the process or reading on as if nothing happened. dedup-state refuses to
 //! accept a gap past the end of its input: the new topic's records would be taken for ones the
-//! shard already processed.
+//! shard already processed. cosmos-writer: a committed offset the topic does not have holds the
+//! partition the same way until an operator accepts the gap, then the new records are written.
 
 use std::time::Duration;
 
+use contrail_testkit::cosmos::{
+    CosmosDev, CosmosStage, contract_documents, contract_problems, curated_stream, produce_states, status_at,
+    writer_env,
+};
 use contrail_testkit::dedup::{
     DedupOptions, DedupTopics, produce_events, realistic_feed, replay_events, start_dedup_state,
 };
 use contrail_testkit::{
-    cosmos::metric_at, create_topics, http_get, read_to_end_at_least, recreate_topics, shared_broker,
-    test_dir, unique,
+    answers_200, commit_group_offsets, cosmos::metric_at, create_topics, http_get, read_to_end_at_least,
+    recreate_topics, shared_broker, test_dir, unique, workspace_binary,
 };
 
 #[test]
@@ -116,4 +121,164 @@ fn dedup_state_holds_a_partition_whose_input_topic_was_re_created() {
         "no record of the new topic was processed while the partition is held"
     );
     stage.process.terminate(Duration::from_secs(30)).expect("stop");
+}
+
+/// cosmos-writer keeps its position only as the consumer group's committed offsets, and the broker
+/// drops those with a deleted topic; on Event Hubs the position outlives the records it points
+/// at when retention deletes them. Made here by committing, for the re-created topic, the offset
+/// the writer had reached on the old one (an offset the new topic does not have): the partition
+/// is held, reported, nothing of the new topic is written, and after `contrail admin accept-gap`
+/// the new topic is written from its first offset, every flight exactly as the contract says.
+#[test]
+fn cosmos_writer_holds_a_partition_whose_committed_offset_the_topic_does_not_have() {
+    let broker = shared_broker();
+    let dir = test_dir("cosmos-gap");
+    let dev = CosmosDev::start(&dir).expect("cosmos-dev");
+    let topic = format!("{}.ops.flights.curated", unique("wg"));
+    create_topics(&broker.address, &[&topic], 1).expect("topic");
+    let events = replay_events((2, 1), (2, 1), realistic_feed(3));
+    let mut flights: Vec<&str> = events.iter().map(|event| event.flight_key.as_str()).collect();
+    flights.sort_unstable();
+    flights.dedup();
+    // Two disjoint sets of flights: the old topic's, and a smaller set for the new topic.
+    let old_flights: std::collections::BTreeSet<&str> = flights.iter().step_by(2).copied().collect();
+    let new_flights: std::collections::BTreeSet<&str> = flights.iter().skip(1).step_by(8).copied().collect();
+    let of = |set: &std::collections::BTreeSet<&str>| -> Vec<_> {
+        events
+            .iter()
+            .filter(|event| set.contains(event.flight_key.as_str()))
+            .cloned()
+            .collect()
+    };
+    let (old_events, new_events) = (of(&old_flights), of(&new_flights));
+    let (old_states, new_states) = (curated_stream(&old_events), curated_stream(&new_events));
+    assert!(
+        new_states.len() >= 100 && new_states.len() < old_states.len(),
+        "{} old and {} new records",
+        old_states.len(),
+        new_states.len()
+    );
+
+    let group = unique("cwg");
+    let mut env = writer_env(&broker.address, &topic, &group, &dev);
+    // A member that leaves on SIGTERM: the group is empty when the offset is committed from outside.
+    env.retain(|(key, _)| key != "CONTRAIL_GROUP__STATIC_MEMBERSHIP");
+    env.push(("CONTRAIL_GROUP__STATIC_MEMBERSHIP".to_owned(), "false".to_owned()));
+    let mut stage = CosmosStage::start("cosmos-writer", env, &dir).expect("cosmos-writer starts");
+    produce_states(&broker.address, &topic, &old_states).expect("produce to the old topic");
+    stage
+        .wait_committed(
+            &broker.address,
+            &topic,
+            old_states.len(),
+            Duration::from_secs(120),
+        )
+        .expect("the old topic written");
+    let old_end = old_states.len() as i64;
+    let exit = stage.process.terminate(Duration::from_secs(30)).expect("SIGTERM");
+    assert!(exit.success(), "{exit:?}\n{}", stage.log_text());
+
+    recreate_topics(&broker.address, &[&topic], 1).expect("topic re-created");
+    commit_group_offsets(&broker.address, &group, &topic, &[(0, old_end)]).expect("the old position stored");
+    produce_states(&broker.address, &topic, &new_states).expect("produce to the new topic");
+    stage.start_again().expect("cosmos-writer starts again");
+
+    let grpc_url = stage.grpc_url.clone();
+    let gap = stage
+        .process
+        .wait_gap_held(Duration::from_secs(120), || status_at(&grpc_url))
+        .expect("gap reported");
+    assert_eq!(
+        (
+            gap.topic.as_str(),
+            gap.partition,
+            gap.cause.as_str(),
+            gap.stored_next,
+            gap.log_start
+        ),
+        (topic.as_str(), 0, "past-end", old_end, 0),
+        "{gap:?}"
+    );
+    let readyz = format!("{}/readyz", stage.http_url);
+    let answer = http_get(&readyz).expect("GET /readyz");
+    assert!(
+        answer.starts_with("HTTP/1.1 503") && answer.contains("1 partition(s) held at a gap"),
+        "not ready, saying why: {answer}"
+    );
+    assert_eq!(
+        stage.metric("contrail_consumer_gap_held", &format!("topic=\"{topic}\"")),
+        1.0,
+        "{}",
+        stage.metrics_text()
+    );
+    assert!(
+        stage
+            .log_text()
+            .lines()
+            .any(|line| line.contains("ERROR") && line.contains("GAP:") && line.contains(&topic)),
+        "an ERROR log names the gap"
+    );
+    // Nothing of the new topic is written while the partition is held: the container holds the
+    // old flights exactly, and no other document.
+    let problems = contract_problems(&dev, &contract_documents(&old_events));
+    assert!(
+        problems.is_empty(),
+        "while held: {:?}",
+        &problems[..problems.len().min(10)]
+    );
+
+    let accepted = std::process::Command::new(workspace_binary("contrail").expect("contrail"))
+        .args([
+            "admin",
+            "--addr",
+            &stage.grpc_url,
+            "accept-gap",
+            "--topic",
+            &topic,
+        ])
+        .args(["--partition", "0"])
+        .output()
+        .expect("contrail admin accept-gap runs");
+    let said = String::from_utf8_lossy(&accepted.stdout);
+    assert!(
+        accepted.status.success() && said.contains("accepted the gap"),
+        "{said}{}",
+        String::from_utf8_lossy(&accepted.stderr)
+    );
+    stage
+        .wait_committed(
+            &broker.address,
+            &topic,
+            new_states.len(),
+            Duration::from_secs(120),
+        )
+        .expect("the new topic written after the gap was accepted");
+    stage
+        .process
+        .wait_until("ready again", Duration::from_secs(30), || {
+            Ok(answers_200(&readyz))
+        })
+        .expect("ready again");
+    assert_eq!(stage.metric("contrail_consumer_gap_held", ""), 0.0, "no gap held");
+    assert!(stage.status().expect("status").gaps.is_empty());
+    let mut every_event = old_events;
+    every_event.extend(new_events);
+    let problems = contract_problems(&dev, &contract_documents(&every_event));
+    assert!(
+        problems.is_empty(),
+        "after the accept: {:?}",
+        &problems[..problems.len().min(10)]
+    );
+
+    // A restart finds the accepted position committed, not the gap again.
+    stage.process.terminate(Duration::from_secs(30)).expect("SIGTERM");
+    stage.start_again().expect("cosmos-writer starts once more");
+    stage
+        .process
+        .wait_until("ready after the restart", Duration::from_secs(60), || {
+            Ok(answers_200(&readyz))
+        })
+        .expect("ready after the restart, no gap");
+    assert!(stage.status().expect("status").gaps.is_empty());
+    stage.process.terminate(Duration::from_secs(30)).expect("SIGTERM");
 }

@@ -9,7 +9,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use contrail_common::consume::DeadLetters;
+use contrail_common::consume::{DeadLetters, GapWatch, RebalanceEvent, Rebalances, RecordingConsumer};
 use contrail_common::shutdown::Shutdown;
 use contrail_common::trace::TraceParent;
 use contrail_flight::document::{PREDICTION_GUARD, flight_document, prediction_fields};
@@ -17,7 +17,7 @@ use contrail_proto::v1::{FlightPrediction, FlightState};
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use prost::Message as _;
-use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
+use rdkafka::consumer::{CommitMode, Consumer};
 use rdkafka::message::{Message, OwnedMessage};
 use rdkafka::producer::FutureProducer;
 use rdkafka::{Offset, TopicPartitionList};
@@ -31,7 +31,11 @@ use crate::writer::{Change, DocumentWriter, Outcome, WriteError};
 
 pub(crate) struct Loop<'a> {
     pub(crate) config: &'a CosmosWriterConfig,
-    pub(crate) consumer: &'a StreamConsumer,
+    pub(crate) consumer: &'a RecordingConsumer,
+    /// The rebalances the consumer's context recorded (it pauses what it is assigned).
+    pub(crate) rebalances: &'a Rebalances,
+    /// Judges the partitions assigned and holds the ones at a gap (no silent gap).
+    pub(crate) watch: &'a GapWatch,
     pub(crate) writer: &'a DocumentWriter,
     pub(crate) dlq: &'a FutureProducer,
     pub(crate) committed: &'a Mutex<BTreeMap<i32, i64>>,
@@ -68,7 +72,11 @@ impl Loop<'_> {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut window: Window<Carried> = Window::default();
         let mut writes = FuturesUnordered::new();
+        // Partitions assigned (and paused by the consumer's context) whose committed offset is
+        // not judged yet.
+        let mut unjudged: Vec<i32> = Vec::new();
         loop {
+            self.watch_gaps(&mut window, &mut unjudged);
             while writes.len() < self.config.batch.concurrency {
                 let Some(write) = window.next_write() else { break };
                 writes.push(self.start(write));
@@ -114,6 +122,79 @@ impl Loop<'_> {
                 records = window.outstanding(),
                 "stopping: records not yet in Cosmos DB are not committed and will be redelivered"
             );
+        }
+    }
+
+    /// No silent gap (docs/CONTRACT.md): judges each partition assigned since the last turn at the
+    /// group's committed offset — resumed if the topic still has that position (or none is
+    /// stored), held at its gap otherwise — and goes on with the partitions whose gap an operator
+    /// accepted: at the topic's first offset, committed at once so a restart does not meet the
+    /// gap again. Runs every turn of the loop (the commit tick makes one at least every
+    /// `batch.commit_interval_ms`, also while every partition is paused).
+    fn watch_gaps(&self, window: &mut Window<Carried>, unjudged: &mut Vec<i32>) {
+        let topic = self.config.input_topic();
+        for event in self.rebalances.take() {
+            match event {
+                RebalanceEvent::Assigned(partitions) => {
+                    unjudged.extend(partitions.into_iter().filter(|(t, _)| t == topic).map(|(_, p)| p));
+                }
+                RebalanceEvent::Revoked(partitions) => {
+                    for (_, partition) in partitions.into_iter().filter(|(t, _)| t == topic) {
+                        unjudged.retain(|p| *p != partition);
+                        self.watch.release(partition);
+                    }
+                }
+            }
+        }
+        if !unjudged.is_empty() {
+            let mut list = TopicPartitionList::new();
+            for partition in unjudged.iter() {
+                list.add_partition(topic, *partition);
+            }
+            // Off the async workers: it waits for the group coordinator (and the judging for the
+            // broker).
+            let judged = tokio::task::block_in_place(|| {
+                let committed = self.consumer.committed_offsets(list, Duration::from_secs(10))?;
+                let mut stored = Vec::new();
+                for element in committed.elements() {
+                    match element.offset() {
+                        Offset::Offset(next) => stored.push((element.partition(), next)),
+                        // No position stored: the group starts at the topic's first offset.
+                        _ => self.watch.resume(self.consumer, element.partition()),
+                    }
+                }
+                self.watch.check_assigned(self.consumer, stored, false);
+                Ok::<_, rdkafka::error::KafkaError>(())
+            });
+            match judged {
+                Ok(()) => unjudged.clear(),
+                // Still paused: judged at the next turn, never read from a position not judged.
+                Err(error) => {
+                    tracing::warn!(%error, partitions = ?unjudged, "reading the committed offsets of the partitions assigned; trying again")
+                }
+            }
+        }
+        for accepted in tokio::task::block_in_place(|| self.watch.take_accepted(self.consumer)) {
+            window.restart(accepted.partition, accepted.from);
+            let mut list = TopicPartitionList::new();
+            if let Err(error) =
+                list.add_partition_offset(topic, accepted.partition, Offset::Offset(accepted.from))
+            {
+                tracing::warn!(%error, "offset list");
+                continue;
+            }
+            match tokio::task::block_in_place(|| self.consumer.commit(&list, CommitMode::Sync)) {
+                Ok(()) => {
+                    if let Ok(mut committed) = self.committed.lock() {
+                        committed.insert(accepted.partition, accepted.from);
+                    }
+                }
+                // The records from `from` on are read all the same; the commit after their writes
+                // records the new position.
+                Err(error) => {
+                    tracing::warn!(%error, partition = accepted.partition, "committing the accepted gap's end")
+                }
+            }
         }
     }
 

@@ -27,10 +27,11 @@ pub use contrail_cosmos::{guard, writer};
 
 use std::sync::Arc;
 
+use contrail_common::consume::{GapWatch, Rebalances, RecordingConsumer, RecordingContext};
 use contrail_common::shutdown::Shutdown;
 use contrail_common::stage::StageContext;
 use contrail_common::topology;
-use rdkafka::consumer::{BaseConsumer, Consumer, StreamConsumer};
+use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::FutureProducer;
 
 pub use config::CosmosWriterConfig;
@@ -79,12 +80,20 @@ pub async fn run(config: CosmosWriterConfig, shutdown: Shutdown) -> Result<(), C
             stage.health.clone(),
         )),
     );
-    let consumer: Arc<StreamConsumer> = Arc::new(
+    // Every partition assigned is paused until the loop has judged its committed offset against
+    // the topic (no silent gap: a position the topic no longer has is held, not reset).
+    let rebalances = Rebalances::default();
+    let consumer: Arc<RecordingConsumer> = Arc::new(
         config
             .kafka
             .consumer_config("cosmos-writer", &config.group, &config.instance)?
-            .create()
+            .create_with_context(RecordingContext::pausing(rebalances.clone()))
             .map_err(|error| CosmosWriterError::Broker(format!("consumer: {error}")))?,
+    );
+    let watch = GapWatch::new(
+        stage.controls.gaps(),
+        config.kafka.client_config("cosmos-writer-probe")?,
+        config.input_topic(),
     );
     consumer
         .subscribe(&[config.input_topic()])
@@ -118,6 +127,8 @@ pub async fn run(config: CosmosWriterConfig, shutdown: Shutdown) -> Result<(), C
     let result = Loop {
         config: &config,
         consumer: &consumer,
+        rebalances: &rebalances,
+        watch: &watch,
         writer: &writer,
         dlq: &dlq,
         committed: &committed,

@@ -5,9 +5,9 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use contrail_common::admin::{AdminControls, StageStatus};
-use contrail_common::consume::{Standing, standings_off_runtime};
+use contrail_common::consume::{RecordingConsumer, Standing, standings_off_runtime};
 use contrail_proto::admin::v1 as admin;
-use rdkafka::consumer::{BaseConsumer, Consumer, StreamConsumer};
+use rdkafka::consumer::{BaseConsumer, Consumer};
 
 use crate::metrics::WriterMetrics;
 
@@ -17,7 +17,7 @@ pub(crate) type Committed = Arc<Mutex<BTreeMap<i32, i64>>>;
 pub(crate) struct WriterStatus {
     pub(crate) instance: String,
     pub(crate) topic: String,
-    pub(crate) consumer: Arc<StreamConsumer>,
+    pub(crate) consumer: Arc<RecordingConsumer>,
     pub(crate) watermarks: Arc<BaseConsumer>,
     pub(crate) committed: Committed,
     pub(crate) metrics: WriterMetrics,

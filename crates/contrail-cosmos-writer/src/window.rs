@@ -234,6 +234,21 @@ impl<T> Window<T> {
             .collect()
     }
 
+    /// The partition goes on at `from` after an accepted gap (its offsets may now be lower than
+    /// any before: a topic created again): what the window knew of it is forgotten, records of it
+    /// still being written no longer hold its commit point, and `from` counts as committed (the
+    /// loop commits it at once).
+    pub fn restart(&mut self, partition: i32, from: i64) {
+        let fresh = Progress {
+            open: BTreeMap::new(),
+            next: from,
+            committed: Some(from),
+        };
+        if let Some(old) = self.partitions.insert(partition, fresh) {
+            self.open -= old.open.values().map(|count| *count as usize).sum::<usize>();
+        }
+    }
+
     /// The broker acknowledged the commit of `points`.
     pub fn committed(&mut self, points: &[Position]) {
         for (partition, offset) in points {
@@ -248,6 +263,36 @@ impl<T> Window<T> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn a_restarted_partition_commits_from_its_new_start_even_below_its_old_offsets() {
+        let mut window: Window<&str> = Window::default();
+        window.offer((0, 300), "AA1", 1, "old");
+        window.offer((1, 7), "BB2", 1, "other");
+        assert_eq!(window.outstanding(), 2);
+        window.restart(0, 0);
+        assert_eq!(
+            window.outstanding(),
+            1,
+            "the old partition's record no longer counts"
+        );
+        assert_eq!(
+            window.commit_points(),
+            vec![(1, 7)],
+            "0 counts as committed, 1 still open at 7"
+        );
+        window.offer((0, 0), "CC3", 1, "new");
+        window.offer((0, 1), "CC3", 2, "newer");
+        while let Some(write) = window.next_write() {
+            window.complete(&write.key);
+        }
+        assert_eq!(
+            window.outstanding(),
+            0,
+            "the old record's write closed nothing twice"
+        );
+        assert_eq!(window.commit_points(), vec![(0, 2), (1, 8)]);
+    }
 
     #[test]
     fn a_slow_write_holds_back_only_its_own_partition() {

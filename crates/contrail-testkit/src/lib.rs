@@ -45,7 +45,7 @@ pub use ingest::{IngestOptions, IngestUnderTest, event_ids, spawn_ingest, start_
 pub use libc;
 pub use process::{StageProcess, binary_dir, die_with_parent, free_port, send_signal, workspace_binary};
 pub use topic::{
-    TopicReader, create_topics, key_of, quiescent_ends, read_to_end, read_to_end_at_least, read_topic,
-    recreate_topics, send_waiting, settled_ends, test_producer,
+    TopicReader, commit_group_offsets, create_topics, key_of, quiescent_ends, read_to_end,
+    read_to_end_at_least, read_topic, recreate_topics, send_waiting, settled_ends, test_producer,
 };
 pub use wait::{Probe, log_tail, wait_for_port, wait_until};

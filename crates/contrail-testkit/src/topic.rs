@@ -360,6 +360,51 @@ pub fn recreate_topics(brokers: &str, topics: &[&str], partitions: i32) -> Resul
     }
 }
 
+/// Commits `offsets` (`(partition, next offset)`) of `topic` for consumer group `group` from
+/// outside the group, as an operator's tool would (the group must have no live member). With a
+/// re-created topic this makes the position a consumer finds stored one the topic does not have —
+/// what retention leaves behind on Event Hubs, which the local broker cannot do.
+pub fn commit_group_offsets(brokers: &str, group: &str, topic: &str, offsets: &[(i32, i64)]) -> Result<()> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .create()
+        .context("consumer")?;
+    let mut list = TopicPartitionList::new();
+    for (partition, next) in offsets {
+        list.add_partition_offset(topic, *partition, Offset::Offset(*next))?;
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match consumer.commit(&list, rdkafka::consumer::CommitMode::Sync) {
+            Ok(()) => break,
+            Err(error) if Instant::now() < deadline => {
+                println!("committing {offsets:?} for group {group}: {error}; again");
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            Err(error) => bail!("committing {offsets:?} of {topic} for group {group}: {error}"),
+        }
+    }
+    let committed = consumer
+        .committed_offsets(list, Duration::from_secs(10))
+        .context("reading the commit back")?;
+    for element in committed.elements() {
+        let wanted = offsets
+            .iter()
+            .find(|(partition, _)| *partition == element.partition())
+            .map(|(_, next)| Offset::Offset(*next));
+        if Some(element.offset()) != wanted {
+            bail!(
+                "group {group} has {:?} for {topic}/{} after committing {wanted:?}",
+                element.offset(),
+                element.partition()
+            );
+        }
+    }
+    Ok(())
+}
+
 /// A message's key as UTF-8 (empty when absent).
 pub fn key_of(message: &OwnedMessage) -> String {
     message

@@ -54,6 +54,18 @@ impl GapWatch {
         self.gaps.is_held(&self.topic, partition)
     }
 
+    /// The partition is not this instance's any more: a gap held on it is released (its new
+    /// owner judges it again).
+    pub fn release(&self, partition: i32) {
+        self.gaps.release(&self.topic, partition);
+    }
+
+    /// Resumes a partition assigned without a stored position (it starts at the topic's first
+    /// offset: nothing is skipped).
+    pub fn resume<C: ConsumerContext>(&self, consumer: &impl Consumer<C>, partition: i32) {
+        self.set_paused(consumer, partition, false);
+    }
+
     /// Judges the partitions just assigned at their stored `(partition, next offset)`: resumes
     /// the ones whose position the topic holds (unless the loop keeps its whole assignment
     /// `paused`: its resume takes them along), holds the others.

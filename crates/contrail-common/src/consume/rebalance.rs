@@ -43,21 +43,43 @@ impl Rebalances {
 /// The consumer context that records rebalances for the loop.
 pub struct RecordingContext {
     rebalances: Rebalances,
+    pause_assigned: bool,
 }
 
 impl RecordingContext {
     /// A context recording into `rebalances` (keep a clone to take the events from).
     pub fn new(rebalances: Rebalances) -> Self {
-        Self { rebalances }
+        Self {
+            rebalances,
+            pause_assigned: false,
+        }
+    }
+
+    /// Like [`RecordingContext::new`], and every partition assigned is paused before a record of
+    /// it is fetched: the loop judges where it starts first ([`super::GapWatch::check_assigned`]
+    /// resumes or holds it), so librdkafka never resets a stored position the topic no longer has.
+    pub fn pausing(rebalances: Rebalances) -> Self {
+        Self {
+            rebalances,
+            pause_assigned: true,
+        }
     }
 }
 
 impl ClientContext for RecordingContext {}
 
 impl ConsumerContext for RecordingContext {
-    fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         let event = match rebalance {
-            Rebalance::Assign(partitions) => RebalanceEvent::Assigned(listed(partitions)),
+            Rebalance::Assign(partitions) => {
+                if self.pause_assigned
+                    && partitions.count() > 0
+                    && let Err(error) = rdkafka::consumer::Consumer::pause(consumer, partitions)
+                {
+                    tracing::error!(%error, "pausing the partitions just assigned");
+                }
+                RebalanceEvent::Assigned(listed(partitions))
+            }
             Rebalance::Revoke(partitions) => RebalanceEvent::Revoked(listed(partitions)),
             Rebalance::Error(error) => {
                 tracing::warn!(%error, "rebalance error");
