@@ -174,7 +174,7 @@ impl Loop<'_> {
                 }
             }
         }
-        for accepted in tokio::task::block_in_place(|| self.watch.take_accepted(self.consumer)) {
+        for accepted in tokio::task::block_in_place(|| self.watch.take_accepted(self.consumer, false)) {
             window.restart(accepted.partition, accepted.from);
             let mut list = TopicPartitionList::new();
             if let Err(error) =

@@ -30,7 +30,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use contrail_common::consume::gaps::{self, Gaps};
-use contrail_common::consume::{Gap, judge_gap};
+use contrail_common::consume::{Jump, judge_jump};
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, RebalanceProtocol};
 use rdkafka::message::Message;
 use rdkafka::types::RDKafkaRespErr;
@@ -80,16 +80,16 @@ pub fn on_gap(
     attempts: u32,
     watermarks: Option<(i64, i64)>,
 ) -> GapAction {
-    match judge_gap(expected, got, attempts, watermarks.map(|(low, _)| low)) {
-        Gap::Reseek => GapAction::Reseek,
-        Gap::NothingLost => GapAction::Accept,
-        Gap::Lost { from, log_start, .. } => GapAction::Hold(gaps::Gap {
+    match judge_jump(expected, got, attempts, watermarks.map(|(low, _)| low)) {
+        Jump::Reseek => GapAction::Reseek,
+        Jump::NothingLost => GapAction::Accept,
+        Jump::Lost { from, log_start, .. } => GapAction::Hold(gaps::Gap {
             cause: gaps::GapCause::Retention,
             stored_next: from,
             log_start,
             log_end: watermarks.map_or(log_start, |(_, high)| high),
         }),
-        Gap::Unknown => GapAction::Fail(format!(
+        Jump::Unknown => GapAction::Fail(format!(
             "partition {partition}: reads start at offset {got}, not at the stored {expected}, and the \
              broker's log start cannot be read"
         )),
@@ -447,7 +447,7 @@ impl Driver<'_> {
             if !unjudged.is_empty() {
                 watch.check_assigned(consumer, unjudged, is_paused);
             }
-            for accepted in watch.take_accepted(consumer) {
+            for accepted in watch.take_accepted(consumer, is_paused) {
                 pending.clear(accepted.partition);
                 gaps.insert(
                     accepted.partition,

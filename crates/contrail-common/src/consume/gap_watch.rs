@@ -131,8 +131,13 @@ impl GapWatch {
     }
 
     /// The gaps an operator accepted since the last call: each partition is sought to where it goes
-    /// on and resumed.
-    pub fn take_accepted<C: ConsumerContext>(&self, consumer: &impl Consumer<C>) -> Vec<Accepted> {
+    /// on and resumed (unless the loop keeps its whole assignment `paused`: its resume takes it
+    /// along).
+    pub fn take_accepted<C: ConsumerContext>(
+        &self,
+        consumer: &impl Consumer<C>,
+        paused: bool,
+    ) -> Vec<Accepted> {
         let mut accepted = Vec::new();
         for held in self.gaps.take_accepted() {
             if held.topic != self.topic {
@@ -151,7 +156,7 @@ impl GapWatch {
                 self.gaps.hold(&self.topic, partition, held.gap);
                 continue;
             }
-            self.set_paused(consumer, partition, false);
+            self.set_paused(consumer, partition, paused);
             tracing::warn!(
                 topic = %self.topic,
                 partition,

@@ -15,6 +15,6 @@ pub mod standing;
 pub use dead_letters::DeadLetters;
 pub use gap_watch::{Accepted, GapWatch};
 pub use gaps::Gaps;
-pub use position::{GAP_RETRIES, Gap, Placement, judge_gap, place, resume_at};
+pub use position::{GAP_RETRIES, Jump, Placement, judge_jump, place, resume_at};
 pub use rebalance::{RebalanceEvent, Rebalances, RecordingConsumer, RecordingContext, TopicPartition};
 pub use standing::{Standing, standings, standings_off_runtime};

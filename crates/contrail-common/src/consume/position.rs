@@ -43,7 +43,7 @@ pub const GAP_RETRIES: u32 = 3;
 
 /// A partition's first record read is past its stored position: what that means.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Gap {
+pub enum Jump {
     /// Not judged yet: seek back to the stored position and read again.
     Reseek,
     /// The broker holds no record between the two offsets (its log starts at or below the
@@ -67,18 +67,18 @@ pub enum Gap {
 /// Judges a gap: `expected` is the stored position, `got` the first record read, `attempts` how
 /// many times in a row this gap was seen, `low_watermark` the partition's first offset on the
 /// broker (if it could be read).
-pub fn judge_gap(expected: i64, got: i64, attempts: u32, low_watermark: Option<i64>) -> Gap {
+pub fn judge_jump(expected: i64, got: i64, attempts: u32, low_watermark: Option<i64>) -> Jump {
     if attempts < GAP_RETRIES {
-        return Gap::Reseek;
+        return Jump::Reseek;
     }
     match low_watermark {
-        Some(low) if low > expected => Gap::Lost {
+        Some(low) if low > expected => Jump::Lost {
             from: expected,
             to: low.min(got),
             log_start: low,
         },
-        Some(_) => Gap::NothingLost,
-        None => Gap::Unknown,
+        Some(_) => Jump::NothingLost,
+        None => Jump::Unknown,
     }
 }
 
@@ -96,27 +96,27 @@ mod tests {
 
     #[test]
     fn a_gap_is_reread_then_judged_against_the_log_start() {
-        assert_eq!(judge_gap(100, 105, 1, None), Gap::Reseek);
-        assert_eq!(judge_gap(100, 105, GAP_RETRIES - 1, Some(200)), Gap::Reseek);
+        assert_eq!(judge_jump(100, 105, 1, None), Jump::Reseek);
+        assert_eq!(judge_jump(100, 105, GAP_RETRIES - 1, Some(200)), Jump::Reseek);
         assert_eq!(
-            judge_gap(100, 105, GAP_RETRIES, Some(103)),
-            Gap::Lost {
+            judge_jump(100, 105, GAP_RETRIES, Some(103)),
+            Jump::Lost {
                 from: 100,
                 to: 103,
                 log_start: 103
             }
         );
         assert_eq!(
-            judge_gap(100, 105, GAP_RETRIES, Some(110)),
-            Gap::Lost {
+            judge_jump(100, 105, GAP_RETRIES, Some(110)),
+            Jump::Lost {
                 from: 100,
                 to: 105,
                 log_start: 110
             }
         );
-        assert_eq!(judge_gap(100, 105, GAP_RETRIES, Some(0)), Gap::NothingLost);
-        assert_eq!(judge_gap(100, 105, GAP_RETRIES, Some(100)), Gap::NothingLost);
-        assert_eq!(judge_gap(100, 105, GAP_RETRIES, None), Gap::Unknown);
+        assert_eq!(judge_jump(100, 105, GAP_RETRIES, Some(0)), Jump::NothingLost);
+        assert_eq!(judge_jump(100, 105, GAP_RETRIES, Some(100)), Jump::NothingLost);
+        assert_eq!(judge_jump(100, 105, GAP_RETRIES, None), Jump::Unknown);
     }
 
     proptest! {
@@ -170,12 +170,12 @@ mod tests {
             attempts in 0u32..6,
         ) {
             let got = expected + ahead;
-            let gap = judge_gap(expected, got, attempts, low);
+            let gap = judge_jump(expected, got, attempts, low);
             match gap {
-                Gap::Reseek => prop_assert!(attempts < GAP_RETRIES),
-                Gap::Unknown => prop_assert!(attempts >= GAP_RETRIES && low.is_none()),
-                Gap::NothingLost => prop_assert!(low.is_some_and(|low| low <= expected)),
-                Gap::Lost { from, to, log_start } => {
+                Jump::Reseek => prop_assert!(attempts < GAP_RETRIES),
+                Jump::Unknown => prop_assert!(attempts >= GAP_RETRIES && low.is_none()),
+                Jump::NothingLost => prop_assert!(low.is_some_and(|low| low <= expected)),
+                Jump::Lost { from, to, log_start } => {
                     prop_assert_eq!(Some(log_start), low);
                     prop_assert!(log_start > expected);
                     prop_assert_eq!(from, expected);
