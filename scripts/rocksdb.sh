@@ -14,6 +14,10 @@
 # Prints the library's directory on stdout (progress on stderr). scripts/setup.sh exports it for
 # every build the scripts run; for a cargo command of your own, the same environment:
 #   export ROCKSDB_LIB_DIR="$(bash scripts/rocksdb.sh)" ROCKSDB_STATIC=1
+# The optimisation level is the one argument: -O1 (default: what the dev profile's librocksdb-sys
+# uses, for the tests and `contrail up`), -O2 (the release benchmarks, as the figures in
+# docs/BENCHMARKS.md were measured) or -O3 (what a release build of librocksdb-sys compiles).
+# Each level is its own library.
 # Libraries are kept in ${XDG_CACHE_HOME:-~/.cache}/contrail/rocksdb (not a CONTRAIL_ variable:
 # those are the stages' configuration keys, and a stage refuses one it does not know).
 set -euo pipefail
@@ -23,6 +27,13 @@ fail() {
   echo "rocksdb.sh: $*" >&2
   exit 1
 }
+
+opt="${1:--O1}"
+case "$opt" in
+  -O1 | -O2 | -O3) ;;
+  *) fail "usage: rocksdb.sh [-O1|-O2|-O3] (got '$opt'): -O1 for the dev profile, -O2 or -O3 for release benchmarks" ;;
+esac
+[ $# -le 1 ] || fail "usage: rocksdb.sh [-O1|-O2|-O3] (one argument at most, got $#)"
 
 # The version of a package in Cargo.lock (exactly one expected).
 locked_version() {
@@ -63,9 +74,9 @@ fi
 [ -f "$lz4/liblz4/lib/lz4.h" ] || fail "no lz4-sys $lz4_sys sources under $registry"
 
 cxx="${CXX:-c++}"
-# As librocksdb-sys passes them in the dev profile (opt-level 1, no debug info; -msse2 is all the
+# As librocksdb-sys passes them (in the dev profile: opt-level 1, no debug info; -msse2 is all the
 # default x86-64 target enables), plus -w: a unity build repeats every header's warnings.
-flags=(-O1 -ffunction-sections -fdata-sections -fPIC -m64 -std=c++20 -include cstdint -w -msse2
+flags=("$opt" -ffunction-sections -fdata-sections -fPIC -m64 -std=c++20 -include cstdint -w -msse2
   -DNDEBUG=1 -DHAVE_ALIGNED_NEW -DHAVE_UINT128_EXTENSION -DLZ4=1
   -DOS_LINUX -DROCKSDB_PLATFORM_POSIX -DROCKSDB_LIB_IO_POSIX -DROCKSDB_SCHED_GETCPU_PRESENT
   -DROCKSDB_AUXV_GETAUXVAL_PRESENT -DROCKSDB_FALLOCATE_PRESENT -DROCKSDB_RANGESYNC_PRESENT)
