@@ -202,7 +202,7 @@ pub fn feed(args: &FeedArgs) -> Result<(ReplayStream, usize, u64)> {
     let data_dir = match &args.data_dir {
         Some(dir) => dir.clone(),
         None => contrail_flightdata::default_data_dir()
-            .context("the nycflights13 data was not found: pass --data-dir or set CONTRAIL_FLIGHT_DATA")?,
+            .context("the nycflights13 data was not found (data/nycflights13 in the working directory or one above it): pass --data-dir or set CONTRAIL_FLIGHT_DATA")?,
     };
     if args.batch_size == 0 || args.concurrency == 0 {
         bail!("--batch-size and --concurrency must be at least 1");

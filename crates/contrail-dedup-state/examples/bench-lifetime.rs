@@ -53,7 +53,8 @@ struct Args {
 /// Every flight of 2013 as its schedule, stamped `days_ahead` before its departure, in stamp
 /// order, spread over `shards` by flight key.
 fn schedules(days_ahead: i64, shards: usize) -> (Vec<Vec<Input>>, usize) {
-    let data_dir = contrail_flightdata::default_data_dir().expect("the shipped data/nycflights13");
+    let data_dir = contrail_flightdata::default_data_dir()
+        .expect("data/nycflights13 above the working directory (run from the clone) or CONTRAIL_FLIGHT_DATA");
     let data = contrail_flightdata::FlightData::load(&data_dir, None, None).expect("load flights");
     let limits = contrail_events::Limits::default();
     let mut events: Vec<OperationalEvent> = data

@@ -59,7 +59,8 @@ struct Args {
 /// `count` schedules of the real flights of 3 February to 27 November 2013, under one more carrier
 /// per pass, published in December 2012, spread over `shards` by flight key.
 fn schedules_ahead(count: usize, shards: usize) -> Vec<Vec<Input>> {
-    let data_dir = contrail_flightdata::default_data_dir().expect("the shipped data/nycflights13");
+    let data_dir = contrail_flightdata::default_data_dir()
+        .expect("data/nycflights13 above the working directory (run from the clone) or CONTRAIL_FLIGHT_DATA");
     let data = contrail_flightdata::FlightData::load(
         &data_dir,
         chrono::NaiveDate::from_ymd_opt(2013, 2, 3),

@@ -34,7 +34,8 @@ fn topics() -> TopicsConfig {
 
 /// The day's events delivered before the cutoff, as the raw topic would hold them (one partition).
 fn raw_events() -> Vec<OperationalEvent> {
-    let data_dir = contrail_flightdata::default_data_dir().expect("the shipped data/nycflights13");
+    let data_dir = contrail_flightdata::default_data_dir()
+        .expect("data/nycflights13 above the working directory (run from the clone) or CONTRAIL_FLIGHT_DATA");
     let day = NaiveDate::from_ymd_opt(DAY.0, DAY.1, DAY.2);
     let data = contrail_flightdata::FlightData::load(&data_dir, day, day).expect("load flights");
     let cutoff = Utc

@@ -243,7 +243,8 @@ pub fn batches(inputs: &[Vec<Input>], batch: usize) -> Vec<(usize, std::ops::Ran
 /// The replay of January 1–`days` 2013 (real flights, `duplicates` of the deliveries duplicated)
 /// as the raw topic holds it, spread over `shards` by flight key.
 pub fn january(days: u32, duplicates: f64, shards: usize) -> Vec<Vec<Input>> {
-    let data_dir = contrail_flightdata::default_data_dir().expect("the shipped data/nycflights13");
+    let data_dir = contrail_flightdata::default_data_dir()
+        .expect("data/nycflights13 above the working directory (run from the clone) or CONTRAIL_FLIGHT_DATA");
     let from = chrono::NaiveDate::from_ymd_opt(2013, 1, 1);
     let to = chrono::NaiveDate::from_ymd_opt(2013, 1, days);
     let data = contrail_flightdata::FlightData::load(&data_dir, from, to).expect("load flights");

@@ -53,7 +53,7 @@ impl ReplaySource {
             Some(dir) => dir.clone(),
             None => contrail_flightdata::default_data_dir().ok_or_else(|| {
                 self.error(
-                    "no data_dir configured and the shipped nycflights13 data was not found".to_owned(),
+                    "no data_dir configured and the shipped nycflights13 data was not found (data/nycflights13 in the working directory or one above it; or set CONTRAIL_FLIGHT_DATA)".to_owned(),
                 )
             })?,
         };
