@@ -728,24 +728,9 @@ fn a_re_created_topic_holds_its_partition_until_the_gap_is_accepted() {
         events.unexpected_sample
     );
 
-    let accepted = std::process::Command::new(workspace_binary("contrail").expect("contrail"))
-        .args([
-            "admin",
-            "--addr",
-            &stage.grpc_url,
-            "accept-gap",
-            "--topic",
-            &events_topic,
-        ])
-        .args(["--partition", "0"])
-        .output()
-        .expect("contrail admin accept-gap runs");
-    let said = String::from_utf8_lossy(&accepted.stdout);
-    assert!(
-        accepted.status.success() && said.contains("accepted the gap"),
-        "{said}{}",
-        String::from_utf8_lossy(&accepted.stderr)
-    );
+    stage
+        .accept_gap_with_cli(&events_topic, 0)
+        .expect("contrail admin accept-gap accepts the gap");
     let new_end: BTreeMap<(String, i32), i64> = [((events_topic.clone(), 0), 101)].into_iter().collect();
     stage
         .wait_positions(&new_end, Duration::from_secs(120))

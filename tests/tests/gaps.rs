@@ -17,7 +17,7 @@ use contrail_testkit::dedup::{
 };
 use contrail_testkit::{
     answers_200, commit_group_offsets, cosmos::metric_at, create_topics, http_get, read_to_end_at_least,
-    recreate_topics, shared_broker, test_dir, unique, workspace_binary,
+    recreate_topics, shared_broker, test_dir, unique,
 };
 
 #[test]
@@ -227,24 +227,9 @@ fn cosmos_writer_holds_a_partition_whose_committed_offset_the_topic_does_not_hav
         &problems[..problems.len().min(10)]
     );
 
-    let accepted = std::process::Command::new(workspace_binary("contrail").expect("contrail"))
-        .args([
-            "admin",
-            "--addr",
-            &stage.grpc_url,
-            "accept-gap",
-            "--topic",
-            &topic,
-        ])
-        .args(["--partition", "0"])
-        .output()
-        .expect("contrail admin accept-gap runs");
-    let said = String::from_utf8_lossy(&accepted.stdout);
-    assert!(
-        accepted.status.success() && said.contains("accepted the gap"),
-        "{said}{}",
-        String::from_utf8_lossy(&accepted.stderr)
-    );
+    stage
+        .accept_gap_with_cli(&topic, 0)
+        .expect("contrail admin accept-gap accepts the gap");
     stage
         .wait_committed(
             &broker.address,

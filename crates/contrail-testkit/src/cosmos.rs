@@ -411,6 +411,26 @@ impl CosmosStage {
         self.wait_ready()
     }
 
+    /// Accepts the gap held on `topic`'s `partition` as an operator does: `contrail admin --addr …
+    /// accept-gap --topic T --partition P` (the stage's admin API without a token). Fails unless
+    /// the command succeeds and says it accepted the gap.
+    pub fn accept_gap_with_cli(&self, topic: &str, partition: i32) -> Result<String> {
+        let output = std::process::Command::new(workspace_binary("contrail")?)
+            .args(["admin", "--addr", &self.grpc_url, "accept-gap", "--topic", topic])
+            .args(["--partition", &partition.to_string()])
+            .output()
+            .context("running contrail admin accept-gap")?;
+        let said = String::from_utf8_lossy(&output.stdout).into_owned();
+        if !output.status.success() || !said.contains("accepted the gap") {
+            bail!(
+                "contrail admin accept-gap ({}): {said}{}",
+                output.status,
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        Ok(said)
+    }
+
     /// The admin API's status.
     pub fn status(&self) -> Result<contrail_proto::admin::v1::StatusResponse> {
         status_at(&self.grpc_url)
