@@ -677,11 +677,9 @@ fn a_re_created_topic_holds_its_partition_until_the_gap_is_accepted() {
     .expect("produce to the new topic");
     stage.start_again().expect("delta-archiver starts again");
 
-    let grpc_url = stage.grpc_url.clone();
     let gap = stage
-        .process
-        .wait_gap_held(Duration::from_secs(120), || status_at(&grpc_url))
-        .expect("gap reported");
+        .wait_gap_reported(&events_topic)
+        .expect("the gap held and reported: status, readiness, metric, ERROR log");
     assert_eq!(
         (
             gap.topic.as_str(),
@@ -695,23 +693,6 @@ fn a_re_created_topic_holds_its_partition_until_the_gap_is_accepted() {
         "{gap:?}"
     );
     let readyz = format!("{}/readyz", stage.http_url);
-    let answer = contrail_testkit::http_get(&readyz).expect("GET /readyz");
-    assert!(
-        answer.starts_with("HTTP/1.1 503") && answer.contains("1 partition(s) held at a gap"),
-        "not ready, saying why, while a partition is held: {answer}"
-    );
-    assert_eq!(
-        stage.metric("contrail_consumer_gap_held", &format!("topic=\"{events_topic}\"")),
-        1.0,
-        "{}",
-        stage.metrics_text()
-    );
-    let log = stage.log_text();
-    assert!(
-        log.lines()
-            .any(|line| line.contains("ERROR") && line.contains("GAP:") && line.contains(&events_topic)),
-        "an ERROR log names the gap"
-    );
     let before_ids = identities(before);
     let reports = verify_tables(
         &root,

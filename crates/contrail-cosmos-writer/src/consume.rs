@@ -163,11 +163,18 @@ impl Loop<'_> {
                         _ => self.watch.resume(self.consumer, element.partition()),
                     }
                 }
-                self.watch.check_assigned(self.consumer, stored, false);
-                Ok::<_, rdkafka::error::KafkaError>(())
+                // Not judged: still paused, judged again at the next turn — nothing else here
+                // would notice librdkafka resetting a position the topic lacks.
+                Ok::<_, rdkafka::error::KafkaError>(
+                    self.watch
+                        .check_assigned(self.consumer, stored, false)
+                        .into_iter()
+                        .map(|(partition, _)| partition)
+                        .collect::<Vec<i32>>(),
+                )
             });
             match judged {
-                Ok(()) => unjudged.clear(),
+                Ok(again) => *unjudged = again,
                 // Still paused: judged at the next turn, never read from a position not judged.
                 Err(error) => {
                     tracing::warn!(%error, partitions = ?unjudged, "reading the committed offsets of the partitions assigned; trying again")

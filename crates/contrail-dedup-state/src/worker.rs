@@ -445,7 +445,13 @@ impl Driver<'_> {
             }
             let unjudged = consumer.context().take_unjudged();
             if !unjudged.is_empty() {
-                watch.check_assigned(consumer, unjudged, is_paused);
+                // Not judged (a broker hiccup): better read it than stop it — the batch check
+                // still refuses to skip past the shard's offset (`on_gap`).
+                for (partition, _) in watch.check_assigned(consumer, unjudged, is_paused) {
+                    if !is_paused {
+                        watch.resume(consumer, partition);
+                    }
+                }
             }
             for accepted in watch.take_accepted(consumer, is_paused) {
                 pending.clear(accepted.partition);

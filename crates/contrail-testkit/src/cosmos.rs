@@ -411,6 +411,35 @@ impl CosmosStage {
         self.wait_ready()
     }
 
+    /// Waits until the stage holds a partition of `topic` at a gap and checks that every channel
+    /// reports it: readiness 503 naming the held partition, `contrail_consumer_gap_held` 1 for the
+    /// topic, an ERROR `GAP:` log line naming the topic. Returns the gap from the admin status.
+    pub fn wait_gap_reported(&mut self, topic: &str) -> Result<contrail_proto::admin::v1::GapStatus> {
+        let grpc_url = self.grpc_url.clone();
+        let gap = self
+            .process
+            .wait_gap_held(Duration::from_secs(120), || status_at(&grpc_url))?;
+        let answer = http_get(&format!("{}/readyz", self.http_url))?;
+        if !(answer.starts_with("HTTP/1.1 503") && answer.contains("1 partition(s) held at a gap")) {
+            bail!("not ready, saying why, while a partition is held: {answer}");
+        }
+        let held = self.metric("contrail_consumer_gap_held", &format!("topic=\"{topic}\""));
+        if held != 1.0 {
+            bail!(
+                "contrail_consumer_gap_held for {topic} is {held}:\n{}",
+                self.metrics_text()
+            );
+        }
+        if !self
+            .log_text()
+            .lines()
+            .any(|line| line.contains("ERROR") && line.contains("GAP:") && line.contains(topic))
+        {
+            bail!("no ERROR log names the gap on {topic}");
+        }
+        Ok(gap)
+    }
+
     /// Accepts the gap held on `topic`'s `partition` as an operator does: `contrail admin --addr …
     /// accept-gap --topic T --partition P` (the stage's admin API without a token). Fails unless
     /// the command succeeds and says it accepted the gap.

@@ -61,38 +61,40 @@ impl GapWatch {
     }
 
     /// Resumes a partition assigned without a stored position (it starts at the topic's first
-    /// offset: nothing is skipped).
+    /// offset: nothing is skipped), or one the stage reads unjudged.
     pub fn resume<C: ConsumerContext>(&self, consumer: &impl Consumer<C>, partition: i32) {
         self.set_paused(consumer, partition, false);
     }
 
     /// Judges the partitions just assigned at their stored `(partition, next offset)`: resumes
     /// the ones whose position the topic holds (unless the loop keeps its whole assignment
-    /// `paused`: its resume takes them along), holds the others.
+    /// `paused`: its resume takes them along), holds the others. Returns the ones it could not
+    /// judge (the broker did not answer), still paused: the stage decides — read them if it checks
+    /// for gaps while reading, or judge them again.
     pub fn check_assigned<C: ConsumerContext>(
         &self,
         consumer: &impl Consumer<C>,
         assigned: Vec<(i32, i64)>,
         paused: bool,
-    ) {
+    ) -> Vec<(i32, i64)> {
+        let mut not_judged = Vec::new();
         for (partition, stored) in assigned {
             match self.judge(consumer, partition, stored) {
                 Ok(None) => self.set_paused(consumer, partition, paused),
                 Ok(Some(gap)) => self.hold(consumer, partition, gap),
                 Err(error) => {
-                    // Not judged: better read it (the stage's check while reading still refuses to
-                    // skip) than stop it for a broker hiccup.
                     tracing::warn!(
                         topic = %self.topic,
                         partition,
                         stored,
                         %error,
-                        "could not judge the partition's stored offset against the topic; reading it"
+                        "could not judge the partition's stored offset against the topic"
                     );
-                    self.set_paused(consumer, partition, paused);
+                    not_judged.push((partition, stored));
                 }
             }
         }
+        not_judged
     }
 
     fn judge<C: ConsumerContext>(
