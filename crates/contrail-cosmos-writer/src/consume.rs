@@ -1,15 +1,18 @@
-//! The consume → write → commit loop: curated states are decoded as they arrive (bad records to
-//! the dead-letter topic) and offered to the write window ([`crate::window`]): up to
-//! `batch.concurrency` guarded writes in flight, one per flight, newer versions coalescing behind
-//! it; every `batch.commit_interval_ms` each partition is committed up to its first record whose
-//! write is not yet acknowledged.
+//! cosmos-writer's effect on the consuming-stage frame ([`contrail_common::consume::Frame`]):
+//! curated states are decoded as they arrive (bad records to the dead-letter topic) and offered
+//! to the write window ([`crate::window`]): up to `batch.concurrency` guarded writes in flight,
+//! one per flight, newer versions coalescing behind it; every `batch.commit_interval_ms` each
+//! partition is committed up to its first record whose write is not yet acknowledged. Its
+//! positions are the consumer group's committed offsets.
 
 use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use contrail_common::consume::{DeadLetters, GapWatch, RebalanceEvent, Rebalances, RecordingConsumer};
+use contrail_common::consume::frame::{Effect, Points, group_positions};
+use contrail_common::consume::{Accepted, DeadLetters, RecordingConsumer, TopicPartition};
 use contrail_common::shutdown::Shutdown;
 use contrail_common::trace::TraceParent;
 use contrail_flight::document::{PREDICTION_GUARD, flight_document, prediction_fields};
@@ -17,10 +20,8 @@ use contrail_proto::v1::{FlightPrediction, FlightState};
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use prost::Message as _;
-use rdkafka::consumer::{CommitMode, Consumer};
 use rdkafka::message::{Message, OwnedMessage};
 use rdkafka::producer::FutureProducer;
-use rdkafka::{Offset, TopicPartitionList};
 use tracing::Instrument;
 
 use crate::config::{CosmosWriterConfig, Input};
@@ -29,18 +30,13 @@ use crate::metrics::WriterMetrics;
 use crate::window::{Offer, Window, Write};
 use crate::writer::{Change, DocumentWriter, Outcome, WriteError};
 
-pub(crate) struct Loop<'a> {
+/// What the writes share.
+pub(crate) struct Writer<'a> {
     pub(crate) config: &'a CosmosWriterConfig,
-    pub(crate) consumer: &'a RecordingConsumer,
-    /// The rebalances the consumer's context recorded (it pauses what it is assigned).
-    pub(crate) rebalances: &'a Rebalances,
-    /// Judges the partitions assigned and holds the ones at a gap (no silent gap).
-    pub(crate) watch: &'a GapWatch,
     pub(crate) writer: &'a DocumentWriter,
     pub(crate) dlq: &'a FutureProducer,
     pub(crate) committed: &'a Mutex<BTreeMap<i32, i64>>,
     pub(crate) metrics: &'a WriterMetrics,
-    pub(crate) paused: &'a AtomicBool,
     pub(crate) shutdown: &'a Shutdown,
 }
 
@@ -49,164 +45,169 @@ pub(crate) struct Loop<'a> {
 type Carried = (Item, OwnedMessage);
 
 /// What a record writes.
-enum Item {
+pub(crate) enum Item {
     /// A flight state's whole document.
     Document(serde_json::Value),
     /// A prediction's fields of the flight's document.
     Prediction(serde_json::Map<String, serde_json::Value>),
 }
 
-/// The loop stops consuming: the stage is stopping, or the dead-letter topic refused a record
-/// (its partition must not be committed past it; the restarted stage meets it again).
-struct Stop;
+/// A write in flight and its outcome.
+type Written = (Write<Carried>, Result<Outcome, WriteError>);
 
-impl Loop<'_> {
-    pub(crate) async fn run(&self) -> Result<(), CosmosWriterError> {
-        self.write_until_stopped().await;
+/// The dead-letter topic refused a record: its partition must not be committed past it; the
+/// restarted stage meets it again.
+struct Refused;
+
+impl From<Refused> for CosmosWriterError {
+    fn from(_: Refused) -> Self {
+        CosmosWriterError::Broker(
+            "the dead-letter topic refused a record; stopping so its partition is not committed past it"
+                .to_owned(),
+        )
+    }
+}
+
+/// The effect: the write window and the writes in flight.
+pub(crate) struct Writes<'a> {
+    shared: &'a Writer<'a>,
+    window: Window<Carried>,
+    writes: FuturesUnordered<Pin<Box<dyn Future<Output = Written> + 'a>>>,
+    tick: tokio::time::Interval,
+}
+
+/// What the effect acts on.
+pub(crate) enum Ready {
+    /// A write finished.
+    Written(Box<Written>),
+    /// Time to commit.
+    Tick,
+}
+
+impl<'a> Writes<'a> {
+    pub(crate) fn new(shared: &'a Writer<'a>) -> Writes<'a> {
+        let interval = Duration::from_millis(shared.config.batch.commit_interval_ms);
+        let mut tick = tokio::time::interval(interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        Writes {
+            shared,
+            window: Window::default(),
+            writes: FuturesUnordered::new(),
+            tick,
+        }
+    }
+
+    /// The window's commit points as the frame commits them.
+    fn points(&self) -> Points {
+        let topic: std::sync::Arc<str> = std::sync::Arc::from(self.shared.config.input_topic());
+        self.window
+            .commit_points()
+            .into_iter()
+            .map(|(partition, offset)| ((topic.clone(), partition), offset))
+            .collect()
+    }
+}
+
+impl Effect for Writes<'_> {
+    type Error = CosmosWriterError;
+    type Ready = Ready;
+
+    async fn stored_positions(
+        &mut self,
+        consumer: &RecordingConsumer,
+        partitions: &[TopicPartition],
+    ) -> Result<Vec<(TopicPartition, Option<i64>)>, CosmosWriterError> {
+        Ok(group_positions(consumer, partitions))
+    }
+
+    async fn start(
+        &mut self,
+        partition: &TopicPartition,
+        _next: Option<i64>,
+        accepted: Option<&Accepted>,
+    ) -> Result<(), CosmosWriterError> {
+        if let Some(accepted) = accepted {
+            self.window.restart(partition.1, accepted.from);
+        }
         Ok(())
     }
 
-    async fn write_until_stopped(&self) {
-        let interval = Duration::from_millis(self.config.batch.commit_interval_ms);
-        let mut tick = tokio::time::interval(interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut window: Window<Carried> = Window::default();
-        let mut writes = FuturesUnordered::new();
-        // Partitions assigned (and paused by the consumer's context) whose committed offset is
-        // not judged yet.
-        let mut unjudged: Vec<i32> = Vec::new();
-        loop {
-            self.watch_gaps(&mut window, &mut unjudged);
-            while writes.len() < self.config.batch.concurrency {
-                let Some(write) = window.next_write() else { break };
-                writes.push(self.start(write));
-            }
-            let room = window.outstanding() < self.config.batch.window_records
-                && !self.paused.load(Ordering::Relaxed);
-            // Biased: acknowledgements first (they free room and move commit points), then
-            // consumption — so under a backlog the window fills and versions coalesce while they
-            // queue, and at low load a record's write starts as soon as it is consumed.
-            tokio::select! {
-                biased;
-                () = self.shutdown.triggered() => break,
-                Some((write, outcome)) = writes.next(), if !writes.is_empty() => {
-                    match self.finish(&write, outcome).await {
-                        Ok(()) => window.complete(&write.key),
-                        Err(Stop) => break,
-                    }
+    /// Records of a partition lost in a rebalance stay in the window until their writes finish
+    /// (they are written all the same); the frame commits only partitions this instance owns.
+    fn stop(&mut self, _partition: &TopicPartition) {}
+
+    fn has_room(&self) -> bool {
+        self.window.outstanding() < self.shared.config.batch.window_records
+    }
+
+    async fn take(&mut self, record: OwnedMessage) -> Result<(), CosmosWriterError> {
+        Ok(self.shared.offer(&mut self.window, record).await?)
+    }
+
+    /// Biased: acknowledgements first (they free room and move commit points) — so under a
+    /// backlog the window fills and versions coalesce while they queue, and at low load a
+    /// record's write starts as soon as it is consumed.
+    async fn ready(&mut self) -> Ready {
+        while self.writes.len() < self.shared.config.batch.concurrency {
+            let Some(write) = self.window.next_write() else {
+                break;
+            };
+            self.writes.push(Box::pin(self.shared.start(write)));
+        }
+        tokio::select! {
+            biased;
+            Some(written) = self.writes.next(), if !self.writes.is_empty() => Ready::Written(Box::new(written)),
+            _ = self.tick.tick() => Ready::Tick,
+        }
+    }
+
+    async fn act(&mut self, ready: Ready) -> Result<Points, CosmosWriterError> {
+        match ready {
+            Ready::Written(written) => {
+                let (write, outcome) = *written;
+                // Not done when it gave up because the stage is stopping: the frame drains next.
+                if self.shared.finish(&write, outcome).await? {
+                    self.window.complete(&write.key);
                 }
-                _ = tick.tick() => self.commit(&mut window),
-                message = self.consumer.recv(), if room => match message {
-                    Ok(message) => {
-                        if let Err(Stop) = self.offer(&mut window, message.detach()).await {
-                            break;
-                        }
-                    }
-                    Err(error) => {
-                        tracing::warn!(%error, "consumer error");
-                        tokio::time::sleep(Duration::from_millis(200)).await;
-                    }
-                },
+                Ok(Vec::new())
+            }
+            Ready::Tick => Ok(self.points()),
+        }
+    }
+
+    fn committed(&mut self, points: &[(TopicPartition, i64)]) {
+        let points: Vec<(i32, i64)> = points
+            .iter()
+            .map(|((_, partition), offset)| (*partition, *offset))
+            .collect();
+        self.window.committed(&points);
+        self.shared.metrics.commits.inc();
+        if let Ok(mut committed) = self.shared.committed.lock() {
+            committed.extend(points);
+        }
+    }
+
+    /// Stopping (DESIGN §6): the writes in flight finish (a write that would have to be retried
+    /// gives up once stopping); what they completed is committed.
+    async fn drain(&mut self) -> Result<Points, CosmosWriterError> {
+        while let Some((write, outcome)) = self.writes.next().await {
+            if let Ok(true) = self.shared.finish(&write, outcome).await {
+                self.window.complete(&write.key);
             }
         }
-        // Stopping (DESIGN §6): consume no more, let the writes in flight finish (a write that
-        // would have to be retried gives up once stopping), commit what they completed.
-        while let Some((write, outcome)) = writes.next().await {
-            if self.finish(&write, outcome).await.is_ok() {
-                window.complete(&write.key);
-            }
-        }
-        self.commit(&mut window);
-        if window.outstanding() > 0 {
+        if self.window.outstanding() > 0 {
             tracing::info!(
-                records = window.outstanding(),
+                records = self.window.outstanding(),
                 "stopping: records not yet in Cosmos DB are not committed and will be redelivered"
             );
         }
+        Ok(self.points())
     }
+}
 
-    /// No silent gap (docs/CONTRACT.md): judges each partition assigned since the last turn at the
-    /// group's committed offset — resumed if the topic still has that position (or none is
-    /// stored), held at its gap otherwise — and goes on with the partitions whose gap an operator
-    /// accepted: at the topic's first offset, committed at once so a restart does not meet the
-    /// gap again. Runs every turn of the loop (the commit tick makes one at least every
-    /// `batch.commit_interval_ms`, also while every partition is paused).
-    fn watch_gaps(&self, window: &mut Window<Carried>, unjudged: &mut Vec<i32>) {
-        let topic = self.config.input_topic();
-        for event in self.rebalances.take() {
-            match event {
-                RebalanceEvent::Assigned(partitions) => {
-                    unjudged.extend(partitions.into_iter().filter(|(t, _)| t == topic).map(|(_, p)| p));
-                }
-                RebalanceEvent::Revoked(partitions) => {
-                    for (_, partition) in partitions.into_iter().filter(|(t, _)| t == topic) {
-                        unjudged.retain(|p| *p != partition);
-                        self.watch.release(partition);
-                    }
-                }
-            }
-        }
-        if !unjudged.is_empty() {
-            let mut list = TopicPartitionList::new();
-            for partition in unjudged.iter() {
-                list.add_partition(topic, *partition);
-            }
-            // Off the async workers: it waits for the group coordinator (and the judging for the
-            // broker).
-            let judged = tokio::task::block_in_place(|| {
-                let committed = self.consumer.committed_offsets(list, Duration::from_secs(10))?;
-                let mut stored = Vec::new();
-                for element in committed.elements() {
-                    match element.offset() {
-                        Offset::Offset(next) => stored.push((element.partition(), next)),
-                        // No position stored: the group starts at the topic's first offset.
-                        _ => self.watch.resume(self.consumer, element.partition()),
-                    }
-                }
-                // Not judged: still paused, judged again at the next turn — nothing else here
-                // would notice librdkafka resetting a position the topic lacks.
-                Ok::<_, rdkafka::error::KafkaError>(
-                    self.watch
-                        .check_assigned(self.consumer, stored, false)
-                        .into_iter()
-                        .map(|(partition, _)| partition)
-                        .collect::<Vec<i32>>(),
-                )
-            });
-            match judged {
-                Ok(again) => *unjudged = again,
-                // Still paused: judged at the next turn, never read from a position not judged.
-                Err(error) => {
-                    tracing::warn!(%error, partitions = ?unjudged, "reading the committed offsets of the partitions assigned; trying again")
-                }
-            }
-        }
-        for accepted in tokio::task::block_in_place(|| self.watch.take_accepted(self.consumer, false)) {
-            window.restart(accepted.partition, accepted.from);
-            let mut list = TopicPartitionList::new();
-            if let Err(error) =
-                list.add_partition_offset(topic, accepted.partition, Offset::Offset(accepted.from))
-            {
-                tracing::warn!(%error, "offset list");
-                continue;
-            }
-            match tokio::task::block_in_place(|| self.consumer.commit(&list, CommitMode::Sync)) {
-                Ok(()) => {
-                    if let Ok(mut committed) = self.committed.lock() {
-                        committed.insert(accepted.partition, accepted.from);
-                    }
-                }
-                // The records from `from` on are read all the same; the commit after their writes
-                // records the new position.
-                Err(error) => {
-                    tracing::warn!(%error, partition = accepted.partition, "committing the accepted gap's end")
-                }
-            }
-        }
-    }
-
+impl Writer<'_> {
     /// Decodes a consumed record into the window (or the dead-letter topic).
-    async fn offer(&self, window: &mut Window<Carried>, message: OwnedMessage) -> Result<(), Stop> {
+    async fn offer(&self, window: &mut Window<Carried>, message: OwnedMessage) -> Result<(), Refused> {
         self.metrics.records.inc();
         let position = (message.partition(), message.offset());
         match self.decode(&message) {
@@ -225,7 +226,7 @@ impl Loop<'_> {
     }
 
     /// The guarded write of one flight's document.
-    async fn start(&self, write: Write<Carried>) -> (Write<Carried>, Result<Outcome, WriteError>) {
+    async fn start(&self, write: Write<Carried>) -> Written {
         let shutdown = self.shutdown.clone();
         let stopping = move || shutdown.is_triggered();
         let span = write_span(&write);
@@ -257,9 +258,13 @@ impl Loop<'_> {
         (write, outcome)
     }
 
-    /// Accounts for a finished write; `Ok` when its records are done (written, stale, or
-    /// refused and dead-lettered).
-    async fn finish(&self, write: &Write<Carried>, outcome: Result<Outcome, WriteError>) -> Result<(), Stop> {
+    /// Accounts for a finished write: `true` when its records are done (written, stale, or
+    /// refused and dead-lettered), `false` when it gave up because the stage is stopping.
+    async fn finish(
+        &self,
+        write: &Write<Carried>,
+        outcome: Result<Outcome, WriteError>,
+    ) -> Result<bool, Refused> {
         match outcome {
             Ok(Outcome::Written) => self.metrics.written.inc(),
             Ok(Outcome::Stale) => self.metrics.stale.inc(),
@@ -267,9 +272,9 @@ impl Loop<'_> {
                 self.dead_letter(&write.item.1, format!("Cosmos DB refused the document: {error}"))
                     .await?;
             }
-            Err(WriteError::Stopping) => return Err(Stop),
+            Err(WriteError::Stopping) => return Ok(false),
         }
-        Ok(())
+        Ok(true)
     }
 
     /// The record as `(flight key, version, what to write)`, or why it is not one of the
@@ -290,7 +295,7 @@ impl Loop<'_> {
         Ok((state.flight_key, state.version, Item::Document(document)))
     }
 
-    async fn dead_letter(&self, message: &OwnedMessage, reason: String) -> Result<(), Stop> {
+    async fn dead_letter(&self, message: &OwnedMessage, reason: String) -> Result<(), Refused> {
         self.metrics.dead_letters.inc();
         tracing::warn!(partition = message.partition(), offset = message.offset(), %reason, "record to the dead-letter topic");
         let content_type = match self.config.input {
@@ -308,53 +313,8 @@ impl Loop<'_> {
             Err(error) => {
                 // Without the dead letter acknowledged its partition must not be committed past it.
                 tracing::error!(%error, "dead-letter topic refused the record");
-                Err(Stop)
+                Err(Refused)
             }
-        }
-    }
-
-    /// Commits every partition whose commit point moved and that this instance still owns.
-    fn commit(&self, window: &mut Window<Carried>) {
-        let mut points = window.commit_points();
-        if points.is_empty() {
-            return;
-        }
-        // A partition lost in a rebalance keeps its records in the window until their writes
-        // finish (they are written all the same), but its offsets are the new owner's to commit: a
-        // broker that checks the assignment on commit would refuse the whole list, and committing
-        // would move the new owner's point back. Should the partition come back, its point is
-        // still true (every record below it is in Cosmos DB) and is committed then.
-        let owned = match self.consumer.assignment() {
-            Ok(assignment) => owned_partitions(&assignment, self.config.input_topic()),
-            Err(error) => {
-                tracing::warn!(%error, "reading the assignment; committing at the next tick");
-                return;
-            }
-        };
-        points.retain(|(partition, _)| owned.contains(partition));
-        if points.is_empty() {
-            return;
-        }
-        let mut list = TopicPartitionList::new();
-        for (partition, offset) in &points {
-            if let Err(error) =
-                list.add_partition_offset(self.config.input_topic(), *partition, Offset::Offset(*offset))
-            {
-                tracing::warn!(%error, "offset list");
-            }
-        }
-        // Sync commit (off the async workers: it waits for the broker). Every record below a
-        // point is in Cosmos DB; a failed commit (partition moved to another member) only means
-        // those records are written again — harmlessly — by the new owner.
-        match tokio::task::block_in_place(|| self.consumer.commit(&list, CommitMode::Sync)) {
-            Ok(()) => {
-                window.committed(&points);
-                self.metrics.commits.inc();
-                if let Ok(mut committed) = self.committed.lock() {
-                    committed.extend(points);
-                }
-            }
-            Err(error) => tracing::warn!(%error, "offset commit failed; the records will be redelivered"),
         }
     }
 }
@@ -418,15 +378,6 @@ fn decode_prediction(key: &str, payload: &[u8]) -> Result<(String, u64, Item), S
     ))
 }
 
-/// The partitions of `topic` in `assignment`.
-fn owned_partitions(assignment: &TopicPartitionList, topic: &str) -> std::collections::BTreeSet<i32> {
-    assignment
-        .elements_for_topic(topic)
-        .iter()
-        .map(|element| element.partition())
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -469,18 +420,5 @@ mod tests {
             .map(|_| ())
             .expect_err("v0");
         assert!(error.contains("version 0"), "{error}");
-    }
-
-    #[test]
-    fn only_the_partitions_of_the_curated_topic_in_the_assignment_are_owned() {
-        let mut assignment = TopicPartitionList::new();
-        assignment.add_partition("ops.flights.curated", 0);
-        assignment.add_partition("ops.flights.curated", 3);
-        assignment.add_partition("other", 1);
-        assert_eq!(
-            owned_partitions(&assignment, "ops.flights.curated"),
-            [0, 3].into_iter().collect()
-        );
-        assert!(owned_partitions(&TopicPartitionList::new(), "ops.flights.curated").is_empty());
     }
 }

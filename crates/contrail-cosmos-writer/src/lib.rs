@@ -3,7 +3,8 @@
 //! `ops.flights.predictions` into the same documents' prediction fields (`predictedOut`,
 //! `knockOnFrom`, …, guarded by `predictionVersion`; see [`writer`] for how the two compose).
 //!
-//! A consumer-group member decodes curated `FlightState`s as they arrive (undecodable records and
+//! It runs on the consuming-stage frame ([`contrail_common::consume::Frame`]; assignment, gaps,
+//! placement, commits, drain) with its effect in `consume`. A consumer-group member decodes curated `FlightState`s as they arrive (undecodable records and
 //! records whose key is not their flight key go to the dead-letter topic with the reason) and
 //! offers them to the write window ([`window::Window`]): at most `batch.concurrency` writes in
 //! flight, one per flight, through the version guard ([`writer::DocumentWriter`]); a newer version
@@ -27,7 +28,7 @@ pub use contrail_cosmos::{guard, writer};
 
 use std::sync::Arc;
 
-use contrail_common::consume::{GapWatch, Rebalances, RecordingConsumer, RecordingContext};
+use contrail_common::consume::{Frame, GapWatch, Rebalances, RecordingConsumer, RecordingContext};
 use contrail_common::shutdown::Shutdown;
 use contrail_common::stage::StageContext;
 use contrail_common::topology;
@@ -37,7 +38,7 @@ use rdkafka::producer::FutureProducer;
 pub use config::CosmosWriterConfig;
 pub use error::CosmosWriterError;
 
-use crate::consume::Loop;
+use crate::consume::{Writer, Writes};
 use crate::metrics::WriterMetrics;
 use crate::status::{Committed, WriterStatus};
 use crate::writer::DocumentWriter;
@@ -124,20 +125,17 @@ pub async fn run(config: CosmosWriterConfig, shutdown: Shutdown) -> Result<(), C
     tracing::info!(instance = %config.instance, input = ?config.input, topic = config.input_topic(), group = %config.group.id, endpoint = %config.cosmos.endpoint, "cosmos-writer running");
 
     let paused = stage.controls.pause_flag();
-    let result = Loop {
+    let shared = Writer {
         config: &config,
-        consumer: &consumer,
-        rebalances: &rebalances,
-        watch: &watch,
         writer: &writer,
         dlq: &dlq,
         committed: &committed,
         metrics: &metrics,
-        paused: &paused,
         shutdown: &stage.shutdown,
-    }
-    .run()
-    .await;
+    };
+    let result = Frame::new(&consumer, &rebalances, vec![watch], &paused, &stage.shutdown)
+        .run(&mut Writes::new(&shared))
+        .await;
     stage.health.set_ready(false);
     stage.shutdown.trigger();
     consumer.unsubscribe();

@@ -22,7 +22,7 @@ use rdkafka::{Offset, TopicPartitionList};
 const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A gap an operator accepted: the partition goes on at `from` instead of the stored `expected`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Accepted {
     /// The partition.
     pub partition: i32,
@@ -30,6 +30,8 @@ pub struct Accepted {
     pub expected: i64,
     /// Where the partition goes on (the topic's first offset when the gap was found).
     pub from: i64,
+    /// The gap as it was held (what a stage records of it).
+    pub held: gaps::Held,
 }
 
 /// The polling thread's side of [`Gaps`] for the input topic.
@@ -132,6 +134,16 @@ impl GapWatch {
         }
     }
 
+    /// Whether an operator accepted a gap the loop has not taken yet (cheap: no I/O; any topic).
+    pub fn any_accepted(&self) -> bool {
+        self.gaps.any_accepted()
+    }
+
+    /// The topic this watch judges.
+    pub fn topic(&self) -> &str {
+        &self.topic
+    }
+
     /// The gaps an operator accepted since the last call: each partition is sought to where it goes
     /// on and resumed (unless the loop keeps its whole assignment `paused`: its resume takes it
     /// along).
@@ -141,10 +153,7 @@ impl GapWatch {
         paused: bool,
     ) -> Vec<Accepted> {
         let mut accepted = Vec::new();
-        for held in self.gaps.take_accepted() {
-            if held.topic != self.topic {
-                continue;
-            }
+        for held in self.gaps.take_accepted_of(&self.topic) {
             let partition = held.partition;
             let from = held.gap.log_start;
             if let Err(error) = consumer.seek(
@@ -170,6 +179,7 @@ impl GapWatch {
                 partition,
                 expected: held.gap.stored_next,
                 from,
+                held,
             });
         }
         accepted

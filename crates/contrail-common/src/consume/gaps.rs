@@ -351,6 +351,25 @@ impl Gaps {
     pub fn take_accepted(&self) -> Vec<Held> {
         std::mem::take(&mut self.book().accepted)
     }
+
+    /// Whether an acceptance waits for its stage's loop (cheap: no I/O).
+    pub fn any_accepted(&self) -> bool {
+        !self.book().accepted.is_empty()
+    }
+
+    /// The acceptances of `topic`'s partitions not acted on yet (the others stay for their own
+    /// taker).
+    pub fn take_accepted_of(&self, topic: &str) -> Vec<Held> {
+        let mut book = self.book();
+        if book.accepted.is_empty() {
+            return Vec::new();
+        }
+        let (taken, kept) = std::mem::take(&mut book.accepted)
+            .into_iter()
+            .partition(|held| held.topic == topic);
+        book.accepted = kept;
+        taken
+    }
 }
 
 #[cfg(test)]

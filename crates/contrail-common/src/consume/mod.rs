@@ -1,4 +1,5 @@
-//! What every consuming stage does the same way, written once: where a partition stands and what
+//! What every consuming stage does the same way, written once: the consume → effect → commit
+//! loop ([`frame`]), where a partition stands and what
 //! a gap in it is ([`position`], pure), rebalances recorded for the loop ([`rebalance`]), how far
 //! behind each partition is ([`standing`]), sending a record it cannot process to the
 //! dead-letter topic ([`dead_letters`]), and holding a partition whose stored position the topic
@@ -6,6 +7,7 @@
 //! thread).
 
 pub mod dead_letters;
+pub mod frame;
 pub mod gap_watch;
 pub mod gaps;
 pub mod position;
@@ -13,6 +15,7 @@ pub mod rebalance;
 pub mod standing;
 
 pub use dead_letters::DeadLetters;
+pub use frame::{Effect, Frame, Points, group_positions};
 pub use gap_watch::{Accepted, GapWatch};
 pub use gaps::Gaps;
 pub use position::{GAP_RETRIES, Jump, Placement, judge_jump, place, resume_at};
