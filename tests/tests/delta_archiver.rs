@@ -568,23 +568,29 @@ fn a_frozen_zombie_cannot_commit_after_its_partitions_moved() {
     let b_grpc = b.grpc_url.clone();
     b.process
         .wait_until(
-            "b to own all 20 partitions of the five topics while a is frozen",
+            "b to own and archive all 20 partitions of the five topics while a is frozen",
             Duration::from_secs(120),
             || {
-                let owned: Vec<(String, i32)> = status_at(&b_grpc)
+                // (topic, partition, next offset archived): a position past 0 means b committed
+                // rows of it — among them the ones a's frozen commit holds.
+                let owned: Vec<(String, i32, i64)> = status_at(&b_grpc)
                     .map(|status| {
                         status
                             .partitions
                             .into_iter()
-                            .map(|partition| (partition.topic, partition.partition))
+                            .map(|partition| {
+                                (partition.topic, partition.partition, partition.committed_offset)
+                            })
                             .collect()
                     })
                     .unwrap_or_default();
-                Ok(if owned.len() == 20 {
-                    Probe::Ready(())
-                } else {
-                    Probe::NotYet(format!("b owns {} partitions: {owned:?}", owned.len()))
-                })
+                Ok(
+                    if owned.len() == 20 && owned.iter().all(|(_, _, next)| *next > 0) {
+                        Probe::Ready(())
+                    } else {
+                        Probe::NotYet(format!("b owns {} partitions: {owned:?}", owned.len()))
+                    },
+                )
             },
         )
         .expect("b takes a's partitions");
@@ -616,8 +622,9 @@ fn a_frozen_zombie_cannot_commit_after_its_partitions_moved() {
     println!("partition commits dropped by the fence: a {fenced_a}, b {fenced_b}");
     assert!(
         fenced_a + fenced_b >= 1.0,
-        "no commit was fenced although a's partitions moved while it held a pending commit:\n{}",
-        a.process.log()
+        "no commit was fenced although a's partitions moved while it held a pending commit:\n--- a ---\n{}\n--- b ---\n{}",
+        a.process.log(),
+        b.process.log()
     );
     for stage in [&mut a, &mut b] {
         stage.process.terminate(Duration::from_secs(60)).expect("SIGTERM");

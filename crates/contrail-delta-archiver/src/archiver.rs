@@ -1,31 +1,34 @@
-//! The archiving loop: records from the consumer into per-partition batches (decoded rows, exact
-//! copies dropped by origin, bad records for the dead-letter topic), committed to Delta behind the
-//! zombie fence with their `txn` versions, then offsets and positions advanced; rebalances,
-//! storage outages and scheduled maintenance handled between batches.
+//! delta-archiver's effect on the consuming-stage frame ([`contrail_common::consume::Frame`]):
+//! records into per-partition batches (decoded rows, exact copies dropped by origin, bad records
+//! for the dead-letter topic), committed to Delta behind the zombie fence with their `txn`
+//! versions, then positions advanced; storage outages and scheduled maintenance handled between
+//! batches. Its positions are the tables' `txn` versions.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
-use contrail_common::consume::gaps::{self, Gaps, Start};
-use contrail_common::consume::{DeadLetters, RebalanceEvent, Rebalances, RecordingConsumer, TopicPartition};
+use contrail_common::consume::frame::{Effect, Frame, Points};
+use contrail_common::consume::gaps::{self, Gaps};
+use contrail_common::consume::{
+    Accepted, DeadLetters, GapWatch, Rebalances, RecordingConsumer, TopicPartition,
+};
 use contrail_common::server::Health;
 use contrail_common::shutdown::Shutdown;
 use contrail_common::trace::TraceParent;
 use contrail_history::Table;
 use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Message, OwnedMessage};
 use rdkafka::producer::FutureProducer;
-use rdkafka::{Offset, TopicPartitionList};
 use tracing::Instrument;
 
 use crate::applied::{AppliedPositions, Decision};
 use crate::config::DeltaArchiverConfig;
 use crate::error::{DeltaArchiverError, STORAGE_ACCESS_HINT};
 use crate::metrics::ArchiverMetrics;
-use crate::progress::{FlushReason, Placement};
+use crate::progress::FlushReason;
 use crate::row::{KafkaPosition, Row};
 use crate::status::Positions;
 use crate::table::{CommitOutcome, Tables, TxnUpdate};
@@ -37,10 +40,6 @@ pub(crate) struct PartitionProgress {
     app_id: String,
     /// The version stored in the table (the fence's expectation).
     committed: Option<i64>,
-    /// The next offset to take.
-    next: i64,
-    /// The consumer was sought to `next`.
-    sought: bool,
     /// The highest position applied per origin (stored, and raised by the batch in flight).
     applied: AppliedPositions,
     /// Rows taken into the current batch.
@@ -55,20 +54,16 @@ pub(crate) struct PartitionProgress {
     accepted_gap: Option<serde_json::Value>,
 }
 
-/// The archiving loop and everything it holds.
+/// The archiving effect and everything it holds.
 pub(crate) struct Archiver<'a> {
     pub(crate) config: &'a DeltaArchiverConfig,
     pub(crate) topics: HashMap<String, Table>,
-    pub(crate) consumer: &'a RecordingConsumer,
-    pub(crate) rebalances: &'a Rebalances,
     pub(crate) watermarks: &'a BaseConsumer,
     pub(crate) dlq: &'a FutureProducer,
     pub(crate) tables: Tables,
     pub(crate) metrics: &'a ArchiverMetrics,
     pub(crate) positions: &'a Positions,
     pub(crate) partitions: HashMap<TopicPartition, PartitionProgress>,
-    /// Assigned partitions not started yet.
-    pub(crate) to_start: Vec<TopicPartition>,
     pub(crate) batch_records: usize,
     pub(crate) batch_bytes: usize,
     pub(crate) batch_started: Option<Instant>,
@@ -76,23 +71,16 @@ pub(crate) struct Archiver<'a> {
     pub(crate) health: &'a Health,
     /// The storage refused access and nothing succeeded since.
     pub(crate) outage: bool,
-    /// Partitions held at a gap (their table position is not in the topic any more).
-    pub(crate) gaps: Gaps,
-    /// The client configuration of the probe that asks the broker whether a position past its
-    /// reported end is in its log.
-    pub(crate) probe: ClientConfig,
+    /// Partitions whose commit was fenced: read again from their table position.
+    pub(crate) restarts: Vec<TopicPartition>,
 }
 
-/// How long the probe of a position may wait for the broker.
-const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Where a partition's start position comes from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum StartFrom {
-    /// The table's `txn` version, judged against the topic.
-    Table,
-    /// An operator accepted the partition's gap: the topic's first offset.
-    GapAccepted(gaps::Held),
+/// What the archiver acts on.
+pub(crate) enum Ready {
+    /// The batch is due.
+    Flush(FlushReason),
+    /// Scheduled maintenance is due (no batch in flight).
+    Maintain,
 }
 
 /// An accepted gap as the first commit after it records it (commit metadata
@@ -146,6 +134,16 @@ pub(crate) async fn open_tables(
     }
 }
 
+/// The group consumer, its rebalances and the stage's gaps: what the frame runs on.
+pub(crate) struct Consuming<'a> {
+    pub(crate) consumer: &'a RecordingConsumer,
+    pub(crate) rebalances: &'a Rebalances,
+    pub(crate) gaps: Gaps,
+    /// The client configuration of the probe that asks the broker whether a position past its
+    /// reported end is in its log.
+    pub(crate) probe: ClientConfig,
+}
+
 impl Archiver<'_> {
     /// Archives until `shutdown`. Refused storage access (a rotated key, a missing role) is an
     /// outage, not a fault of the records: not ready, an error saying what to fix, the batch in
@@ -153,12 +151,27 @@ impl Archiver<'_> {
     /// table position once the storage answers — no record is committed or dead-lettered past it.
     pub(crate) async fn run(
         &mut self,
+        consuming: Consuming<'_>,
         paused: &AtomicBool,
         shutdown: &Shutdown,
     ) -> Result<(), DeltaArchiverError> {
+        let watches = self
+            .config
+            .topics
+            .tables()
+            .iter()
+            .map(|(_, topic)| GapWatch::new(consuming.gaps.clone(), consuming.probe.clone(), topic))
+            .collect();
+        let mut frame = Frame::new(
+            consuming.consumer,
+            consuming.rebalances,
+            watches,
+            paused,
+            shutdown,
+        );
         let mut refused: u32 = 0;
         loop {
-            let Err(error) = self.archive(paused, shutdown).await else {
+            let Err(error) = frame.run(self).await else {
                 return Ok(());
             };
             let Some(message) = error.storage_access_refused() else {
@@ -169,13 +182,7 @@ impl Archiver<'_> {
             self.health.set_ready(false);
             self.outage = true;
             tracing::error!(root = %self.config.delta_root, %message, hint = error::STORAGE_ACCESS_HINT, retry_in_ms = delay.as_millis() as u64, "the storage refuses access: nothing is committed or dead-lettered until it is fixed");
-            let owned: Vec<TopicPartition> = self.partitions.keys().cloned().collect();
-            for key in owned {
-                if let Some(progress) = self.partitions.remove(&key) {
-                    self.forget_batch_share(&progress);
-                }
-                self.to_start.push(key);
-            }
+            frame.restart_all(self);
             tokio::select! {
                 () = tokio::time::sleep(delay) => {}
                 () = shutdown.triggered() => return Ok(()),
@@ -192,139 +199,6 @@ impl Archiver<'_> {
         }
     }
 
-    async fn archive(&mut self, paused: &AtomicBool, shutdown: &Shutdown) -> Result<(), DeltaArchiverError> {
-        let thresholds = self.config.batch.thresholds();
-        loop {
-            self.handle_rebalances();
-            self.start_accepted().await?;
-            self.start_assigned().await?;
-            let age = self.batch_started.map(|t| t.elapsed()).unwrap_or_default();
-            if shutdown.is_triggered() {
-                if self.batch_records > 0 {
-                    tracing::info!(
-                        records = self.batch_records,
-                        "stopping: committing the batch in flight"
-                    );
-                    self.flush(FlushReason::Stopping).await?;
-                }
-                return Ok(());
-            }
-            if let Some(reason) = progress::flush_due(&thresholds, self.batch_records, self.batch_bytes, age)
-            {
-                self.flush(reason).await?;
-                self.maybe_maintain().await?;
-                continue;
-            }
-            if paused.load(Ordering::Relaxed) {
-                tokio::select! {
-                    () = shutdown.triggered() => {}
-                    () = tokio::time::sleep(Duration::from_millis(200)) => {}
-                }
-                continue;
-            }
-            let wait = if self.batch_records > 0 {
-                thresholds.max_latency.saturating_sub(age)
-            } else {
-                Duration::from_secs(1)
-            };
-            let received = tokio::select! {
-                () = shutdown.triggered() => continue,
-                received = tokio::time::timeout(wait, self.consumer.recv()) => received,
-            };
-            match received {
-                Err(_) => {
-                    if self.batch_records == 0 {
-                        self.maybe_maintain().await?;
-                    }
-                }
-                Ok(Err(error)) => {
-                    tracing::warn!(%error, "consumer error");
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
-                Ok(Ok(message)) => {
-                    let message = message.detach();
-                    self.handle_rebalances();
-                    let started = self.start_assigned().await?;
-                    let key: TopicPartition = (Arc::from(message.topic()), message.partition());
-                    if started.contains(&key)
-                        && let Some(progress) = self.partitions.get_mut(&key)
-                    {
-                        // This record was fetched before the seek: judge it as unsought.
-                        progress.sought = false;
-                    }
-                    self.take(message).await?;
-                }
-            }
-        }
-    }
-
-    /// Forgets partitions that were revoked or (re-)assigned: their uncommitted rows are dropped.
-    /// Assigned partitions are queued to be started from their table position.
-    fn handle_rebalances(&mut self) {
-        for event in self.rebalances.take() {
-            let (RebalanceEvent::Assigned(list) | RebalanceEvent::Revoked(list)) = &event;
-            for (topic, partition) in list {
-                let key: TopicPartition = (Arc::from(topic.as_str()), *partition);
-                if let Some(progress) = self.partitions.remove(&key) {
-                    self.forget_batch_share(&progress);
-                }
-                match event {
-                    RebalanceEvent::Revoked(_) => {
-                        self.gaps.release(topic, *partition);
-                        self.to_start.retain(|queued| *queued != key);
-                        if let Ok(mut positions) = self.positions.lock() {
-                            positions.remove(&(topic.clone(), *partition));
-                        }
-                    }
-                    RebalanceEvent::Assigned(_) => self.to_start.push(key),
-                }
-            }
-        }
-    }
-
-    /// Starts queued partitions: reads each one's table position and seeks the consumer there,
-    /// so every owned partition reports its position (and resumes correctly) even before, or
-    /// without, a new record.
-    async fn start_assigned(&mut self) -> Result<Vec<TopicPartition>, DeltaArchiverError> {
-        let mut started = Vec::new();
-        while let Some(key) = self.to_start.pop() {
-            if self.partitions.contains_key(&key) {
-                continue;
-            }
-            let Some(table) = self.topics.get(&*key.0).copied() else {
-                continue;
-            };
-            self.start_and_seek(table, &key).await?;
-            started.push(key);
-        }
-        if !started.is_empty() {
-            self.storage_answers();
-        }
-        Ok(started)
-    }
-
-    /// Starts the partitions whose gap an operator accepted (and that this instance still owns)
-    /// at their topic's first offset.
-    async fn start_accepted(&mut self) -> Result<(), DeltaArchiverError> {
-        for held in self.gaps.take_accepted() {
-            let key: TopicPartition = (Arc::from(held.topic.as_str()), held.partition);
-            let Some(table) = self.topics.get(&held.topic).copied() else {
-                continue;
-            };
-            let mut list = TopicPartitionList::new();
-            list.add_partition(&held.topic, held.partition);
-            if let Err(error) = self.consumer.resume(&list) {
-                tracing::warn!(topic = %held.topic, partition = held.partition, %error, "resuming the partition after its gap was accepted");
-            }
-            if let Some(progress) = self.partitions.remove(&key) {
-                self.forget_batch_share(&progress);
-            }
-            self.seek_started(table, &key, StartFrom::GapAccepted(held))
-                .await?;
-        }
-        Ok(())
-    }
-
     fn forget_batch_share(&mut self, progress: &PartitionProgress) {
         let records = progress.rows.len() + progress.dead.len();
         let bytes: usize = progress.rows.iter().map(Row::weight).sum();
@@ -335,53 +209,122 @@ impl Archiver<'_> {
         }
     }
 
+    fn flush_due(&self) -> Option<FlushReason> {
+        let age = self.batch_started.map(|t| t.elapsed()).unwrap_or_default();
+        progress::flush_due(
+            &self.config.batch.thresholds(),
+            self.batch_records,
+            self.batch_bytes,
+            age,
+        )
+    }
+
+    /// The partition's next offset for the status when nothing is stored: the topic's first.
+    fn first_offset(&self, topic: &str, partition: i32) -> Option<i64> {
+        let watermarks = self.watermarks;
+        tokio::task::block_in_place(|| watermarks.fetch_watermarks(topic, partition, Duration::from_secs(10)))
+            .map(|(low, _)| low.max(0))
+            .map_err(|error| tracing::debug!(topic, partition, %error, "watermarks"))
+            .ok()
+    }
+}
+
+impl Effect for Archiver<'_> {
+    type Error = DeltaArchiverError;
+    type Ready = Ready;
+
+    /// The `txn` version of each partition's table, plus one (`None`: nothing archived yet).
+    async fn stored_positions(
+        &mut self,
+        _consumer: &RecordingConsumer,
+        partitions: &[TopicPartition],
+    ) -> Result<Vec<(TopicPartition, Option<i64>)>, DeltaArchiverError> {
+        let mut stored = Vec::new();
+        for key in partitions {
+            let Some(table) = self.topics.get(&*key.0).copied() else {
+                continue;
+            };
+            let version = self
+                .tables
+                .stored_version(table, &table.app_id(&key.0, key.1))
+                .await?;
+            stored.push((key.clone(), version.map(|version| version + 1)));
+        }
+        if !stored.is_empty() {
+            self.storage_answers();
+        }
+        Ok(stored)
+    }
+
+    async fn start(
+        &mut self,
+        key: &TopicPartition,
+        next: Option<i64>,
+        accepted: Option<&Accepted>,
+    ) -> Result<(), DeltaArchiverError> {
+        let Some(table) = self.topics.get(&*key.0).copied() else {
+            return Ok(());
+        };
+        let app_id = table.app_id(&key.0, key.1);
+        // The fence's expectation: what the table stores (after an accepted gap the old topic's
+        // last offset, which the next commit replaces).
+        let committed = match accepted {
+            Some(_) => self.tables.stored_version(table, &app_id).await?,
+            None => next.map(|next| next - 1),
+        };
+        let shown = next.or_else(|| self.first_offset(&key.0, key.1));
+        if let (Some(shown), Ok(mut positions)) = (shown, self.positions.lock()) {
+            positions.insert((key.0.to_string(), key.1), shown);
+        }
+        tracing::info!(
+            table = table.name(),
+            topic = %key.0,
+            partition = key.1,
+            ?committed,
+            ?next,
+            gap_accepted = accepted.is_some(),
+            "partition position read from the table"
+        );
+        self.partitions.insert(
+            key.clone(),
+            PartitionProgress {
+                table,
+                app_id,
+                committed,
+                applied: AppliedPositions::default(),
+                rows: Vec::new(),
+                dead: Vec::new(),
+                last: None,
+                traced: Vec::new(),
+                accepted_gap: accepted.map(|accepted| accepted_gap_metadata(&accepted.held)),
+            },
+        );
+        Ok(())
+    }
+
+    /// The partition's uncommitted rows are dropped (read again by whoever owns it).
+    fn stop(&mut self, key: &TopicPartition) {
+        if let Some(progress) = self.partitions.remove(key) {
+            self.forget_batch_share(&progress);
+        }
+        if let Ok(mut positions) = self.positions.lock() {
+            positions.remove(&(key.0.to_string(), key.1));
+        }
+    }
+
+    fn has_room(&self) -> bool {
+        self.flush_due().is_none()
+    }
+
     async fn take(&mut self, message: OwnedMessage) -> Result<(), DeltaArchiverError> {
         let topic: Arc<str> = Arc::from(message.topic());
         let partition = message.partition();
         let offset = message.offset();
-        let Some(table) = self.topics.get(message.topic()).copied() else {
-            return Ok(());
-        };
         let key = (topic.clone(), partition);
-        if !self.partitions.contains_key(&key) {
-            // A partition held at a gap is never started (not in `partitions`): a record of it
-            // was fetched before it was paused, and is not taken.
-            if self.gaps.is_held(&topic, partition) {
-                return Ok(());
-            }
-            let Some(progress) = self
-                .start_partition(table, &topic, partition, StartFrom::Table)
-                .await?
-            else {
-                return Ok(());
-            };
-            self.partitions.insert(key.clone(), progress);
-        }
-        let consumer = self.consumer;
         let Some(progress) = self.partitions.get_mut(&key) else {
             return Ok(());
         };
-        match progress::place(progress.next, offset, progress.sought) {
-            Placement::Skip => return Ok(()),
-            Placement::SeekTo(next) => {
-                tracing::info!(topic = %topic, partition, offset, next, "seeking to the table's position");
-                let result = tokio::task::block_in_place(|| {
-                    consumer.seek(&topic, partition, Offset::Offset(next), Duration::from_secs(10))
-                });
-                match result {
-                    Ok(()) => progress.sought = true,
-                    Err(error) => {
-                        // Not assigned any more, or the broker is away: start over for it.
-                        tracing::warn!(topic = %topic, partition, %error, "seek failed; the partition will be re-read from its table position");
-                        if let Some(progress) = self.partitions.remove(&key) {
-                            self.forget_batch_share(&progress);
-                        }
-                    }
-                }
-                return Ok(());
-            }
-            Placement::Take => {}
-        }
+        let table = progress.table;
         self.metrics.records.with_label_values(&[table.name()]).inc();
         let position = KafkaPosition {
             topic: topic.clone(),
@@ -439,7 +382,6 @@ impl Archiver<'_> {
             return Ok(());
         };
         progress.last = Some(offset);
-        progress.next = offset + 1;
         self.batch_records += 1;
         if self.batch_started.is_none() {
             self.batch_started = Some(Instant::now());
@@ -447,105 +389,63 @@ impl Archiver<'_> {
         Ok(())
     }
 
-    /// Reads a partition's stored position (origins' positions are read when their first record
-    /// arrives) and judges it against the topic: `None` when the topic no longer holds it — the
-    /// partition is then held at the gap (paused, reported) until an operator accepts it.
-    async fn start_partition(
-        &mut self,
-        table: Table,
-        topic: &str,
-        partition: i32,
-        from: StartFrom,
-    ) -> Result<Option<PartitionProgress>, DeltaArchiverError> {
-        let app_id = table.app_id(topic, partition);
-        let committed = self.tables.stored_version(table, &app_id).await?;
-        let (low, high) = tokio::task::block_in_place(|| {
-            self.watermarks
-                .fetch_watermarks(topic, partition, Duration::from_secs(10))
-        })
-        .map_err(|error| DeltaArchiverError::Broker(format!("watermarks of {topic}/{partition}: {error}")))?;
-        let start = match &from {
-            StartFrom::Table => gaps::judge_start(committed.map(|version| version + 1), low, high),
-            StartFrom::GapAccepted(_) => Start::First(low),
-        };
-        let next = match start {
-            Start::First(at) | Start::At(at) => at,
-            Start::PastReportedEnd(next) => {
-                let probe = &self.probe;
-                let exists = tokio::task::block_in_place(|| {
-                    gaps::position_exists(probe, topic, partition, next, PROBE_TIMEOUT)
-                })
-                .map_err(|error| {
-                    DeltaArchiverError::Broker(format!(
-                        "asking whether {topic}/{partition} holds offset {}: {error}",
-                        next - 1
-                    ))
-                })?;
-                if !exists {
-                    self.hold(table, topic, partition, gaps::past_end(next, low, high));
-                    return Ok(None);
-                }
-                next
+    /// The batch when it is due (at once when full, else when its oldest record is
+    /// `batch.max_latency_ms` old); with no batch, maintenance when it is due.
+    async fn ready(&mut self) -> Ready {
+        if let Some(reason) = self.flush_due() {
+            return Ready::Flush(reason);
+        }
+        if let Some(started) = self.batch_started {
+            tokio::time::sleep_until((started + self.config.batch.thresholds().max_latency).into()).await;
+            return Ready::Flush(FlushReason::Latency);
+        }
+        let settings = &self.config.maintenance;
+        if !settings.enabled {
+            return std::future::pending().await;
+        }
+        tokio::time::sleep_until((self.last_maintenance + Duration::from_secs(settings.interval_s)).into())
+            .await;
+        Ready::Maintain
+    }
+
+    async fn act(&mut self, ready: Ready) -> Result<Points, DeltaArchiverError> {
+        match ready {
+            Ready::Flush(reason) => {
+                let points = self.flush(reason).await?;
+                self.maybe_maintain().await?;
+                Ok(points)
             }
-            Start::Gap(gap) => {
-                self.hold(table, topic, partition, gap);
-                return Ok(None);
+            Ready::Maintain => {
+                self.maybe_maintain().await?;
+                Ok(Vec::new())
             }
-        };
-        if let Ok(mut positions) = self.positions.lock() {
-            positions.insert((topic.to_owned(), partition), next);
+        }
+    }
+
+    /// Informational (tools that read consumer-group lag): positions are the tables'.
+    fn committed(&mut self, _points: &[(TopicPartition, i64)]) {}
+
+    fn restarts(&mut self) -> Vec<TopicPartition> {
+        std::mem::take(&mut self.restarts)
+    }
+
+    async fn drain(&mut self) -> Result<Points, DeltaArchiverError> {
+        if self.batch_records == 0 {
+            return Ok(Vec::new());
         }
         tracing::info!(
-            table = table.name(),
-            topic,
-            partition,
-            ?committed,
-            next,
-            ?from,
-            "partition position read from the table"
+            records = self.batch_records,
+            "stopping: committing the batch in flight"
         );
-        Ok(Some(PartitionProgress {
-            table,
-            app_id,
-            committed,
-            next,
-            sought: false,
-            applied: AppliedPositions::default(),
-            rows: Vec::new(),
-            dead: Vec::new(),
-            last: None,
-            traced: Vec::new(),
-            accepted_gap: match &from {
-                StartFrom::GapAccepted(held) => Some(accepted_gap_metadata(held)),
-                StartFrom::Table => None,
-            },
-        }))
+        self.flush(FlushReason::Stopping).await
     }
+}
 
-    /// Holds a partition at its gap: reported (log, metric, readiness, status) and paused, so
-    /// nothing of it is read until the gap is accepted.
-    fn hold(&mut self, table: Table, topic: &str, partition: i32, gap: gaps::Gap) {
-        tracing::debug!(
-            table = table.name(),
-            topic,
-            partition,
-            ?gap,
-            "holding the partition"
-        );
-        self.gaps.hold(topic, partition, gap);
-        let mut list = TopicPartitionList::new();
-        list.add_partition(topic, partition);
-        if let Err(error) = self.consumer.pause(&list) {
-            // Records fetched anyway are dropped while it is held (`take`).
-            tracing::warn!(topic, partition, %error, "pausing the partition held at a gap");
-        }
-        if let Ok(mut positions) = self.positions.lock() {
-            positions.remove(&(topic.to_owned(), partition));
-        }
-    }
-
-    /// Commits the batch: dead letters first, then one Delta commit per table.
-    async fn flush(&mut self, reason: FlushReason) -> Result<(), DeltaArchiverError> {
+impl Archiver<'_> {
+    /// Commits the batch: dead letters first, then one Delta commit per table. Returns the
+    /// partitions' next offsets (for the group, informational: positions are the tables').
+    async fn flush(&mut self, reason: FlushReason) -> Result<Points, DeltaArchiverError> {
+        let mut points = Points::new();
         let mut by_table: BTreeMap<Table, Vec<TopicPartition>> = BTreeMap::new();
         for (key, progress) in &self.partitions {
             if progress.last.is_some() {
@@ -623,7 +523,6 @@ impl Archiver<'_> {
                         reason = reason.label(),
                         "batch committed"
                     );
-                    let mut offsets = TopicPartitionList::new();
                     for key in &keys {
                         if let Some(progress) = self.partitions.get_mut(key)
                             && let Some(last) = progress.last.take()
@@ -636,15 +535,11 @@ impl Archiver<'_> {
                             for span in progress.traced.drain(..) {
                                 span.record("delta.version", version);
                             }
-                            let _ = offsets.add_partition_offset(&key.0, key.1, Offset::Offset(last + 1));
+                            points.push((key.clone(), last + 1));
                             if let Ok(mut positions) = self.positions.lock() {
                                 positions.insert((key.0.to_string(), key.1), last + 1);
                             }
                         }
-                    }
-                    // For tools that read consumer-group lag; positions come from the tables.
-                    if let Err(error) = self.consumer.commit(&offsets, CommitMode::Async) {
-                        tracing::debug!(%error, "consumer-group offset commit failed (informational only)");
                     }
                 }
                 CommitOutcome::Fenced(app_ids) => {
@@ -657,7 +552,7 @@ impl Archiver<'_> {
                     for key in &keys {
                         if let Some(progress) = self.partitions.remove(key) {
                             self.forget_batch_share(&progress);
-                            self.start_and_seek(table, key).await?;
+                            self.restarts.push(key.clone());
                         }
                     }
                 }
@@ -667,46 +562,7 @@ impl Archiver<'_> {
         self.batch_records = 0;
         self.batch_bytes = 0;
         self.batch_started = None;
-        Ok(())
-    }
-
-    /// Reads a partition's position from its table and seeks the consumer there (if this instance
-    /// owns it): after an assignment, and after a fenced commit so its rows are read again.
-    async fn start_and_seek(&mut self, table: Table, key: &TopicPartition) -> Result<(), DeltaArchiverError> {
-        self.seek_started(table, key, StartFrom::Table).await
-    }
-
-    async fn seek_started(
-        &mut self,
-        table: Table,
-        key: &TopicPartition,
-        from: StartFrom,
-    ) -> Result<(), DeltaArchiverError> {
-        let owned = self
-            .consumer
-            .assignment()
-            .map(|list| list.find_partition(&key.0, key.1).is_some())
-            .unwrap_or(false);
-        if !owned {
-            return Ok(());
-        }
-        let Some(mut progress) = self.start_partition(table, &key.0, key.1, from).await? else {
-            return Ok(());
-        };
-        let next = progress.next;
-        let consumer = self.consumer;
-        let sought = tokio::task::block_in_place(|| {
-            consumer.seek(&key.0, key.1, Offset::Offset(next), Duration::from_secs(10))
-        });
-        match sought {
-            Ok(()) => progress.sought = true,
-            // Not fetching yet: the first record decides (`progress::place`).
-            Err(error) => {
-                tracing::debug!(topic = %key.0, partition = key.1, %error, "seek after start failed")
-            }
-        }
-        self.partitions.insert(key.clone(), progress);
-        Ok(())
+        Ok(points)
     }
 
     async fn send_dead_letters(

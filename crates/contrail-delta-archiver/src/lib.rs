@@ -56,7 +56,7 @@ use rdkafka::producer::FutureProducer;
 pub use config::DeltaArchiverConfig;
 pub use error::DeltaArchiverError;
 
-use crate::archiver::{Archiver, open_tables};
+use crate::archiver::{Archiver, Consuming, open_tables};
 use crate::metrics::ArchiverMetrics;
 use crate::status::{ArchiverStatus, Positions, update_lag};
 use crate::table::Tables;
@@ -91,7 +91,7 @@ pub async fn run(config: DeltaArchiverConfig, shutdown: Shutdown) -> Result<(), 
         config
             .kafka
             .consumer_config("delta-archiver", &config.group, &config.instance)?
-            .create_with_context(RecordingContext::new(rebalances.clone()))
+            .create_with_context(RecordingContext::pausing(rebalances.clone()))
             .map_err(|error| DeltaArchiverError::Broker(format!("consumer: {error}")))?,
     );
     consumer
@@ -132,25 +132,29 @@ pub async fn run(config: DeltaArchiverConfig, shutdown: Shutdown) -> Result<(), 
             .iter()
             .map(|(table, topic)| (topic.clone(), *table))
             .collect(),
-        consumer: &consumer,
-        rebalances: &rebalances,
         watermarks: &watermarks,
         dlq: &dlq,
         tables,
         metrics: &metrics,
         positions: &positions,
         partitions: HashMap::new(),
-        to_start: Vec::new(),
         batch_records: 0,
         batch_bytes: 0,
         batch_started: None,
         last_maintenance: Instant::now(),
         health: &stage.health,
         outage: false,
+        restarts: Vec::new(),
+    };
+    let consuming = Consuming {
+        consumer: &consumer,
+        rebalances: &rebalances,
         gaps: stage.controls.gaps(),
         probe: config.kafka.client_config("delta-archiver-probe")?,
     };
-    let result = archiver.run(&stage.controls.pause_flag(), &stage.shutdown).await;
+    let result = archiver
+        .run(consuming, &stage.controls.pause_flag(), &stage.shutdown)
+        .await;
     stage.health.set_ready(false);
     stage.shutdown.trigger();
     consumer.unsubscribe();

@@ -20,7 +20,8 @@
 //! - **commit after the effect**: the offsets the effect reports durable are committed to the
 //!   group for the partitions this instance still owns, then reported back to the effect;
 //! - **drain on stop**: consumption stops, the effect finishes what it has in flight, and what it
-//!   completed is committed.
+//!   completed is committed. An error of the effect stops the frame at once; a stage whose store
+//!   had an outage runs it again after [`Frame::restart_all`].
 //!
 //! Dead letters ([`super::DeadLetters`]), metrics and the admin status stay with the effect, which
 //! knows what its records are.
@@ -160,8 +161,8 @@ impl<'a> Frame<'a> {
         }
     }
 
-    /// Consumes until the stage stops (or the effect fails), then drains the effect and commits
-    /// what it completed.
+    /// Consumes until the stage stops, then drains the effect and commits what it completed; or
+    /// until the effect fails (returned at once, nothing more committed).
     pub async fn run<E: Effect>(&mut self, effect: &mut E) -> Result<(), E::Error> {
         let mut turn = tokio::time::interval(TURN);
         turn.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -193,13 +194,32 @@ impl<'a> Frame<'a> {
                 },
             }
         };
-        // Stopping (or failed): consume no more, let the effect finish what is in flight, commit
-        // what it completed.
-        match effect.drain().await {
-            Ok(points) => self.commit(effect, points),
-            Err(error) => return result.and(Err(error)),
+        // Stopping: consume no more, let the effect finish what is in flight, commit what it
+        // completed. A failure stops at once: nothing more is committed (what the effect did not
+        // report durable is read again).
+        result?;
+        let points = effect.drain().await?;
+        self.commit(effect, points);
+        Ok(())
+    }
+
+    /// After [`Frame::run`] failed (an outage of the effect's store): every partition this
+    /// instance started or is judging is forgotten, paused, and started again from its stored
+    /// position at the next run.
+    pub fn restart_all<E: Effect>(&mut self, effect: &mut E) {
+        let started: Vec<TopicPartition> = self
+            .places
+            .iter()
+            .flat_map(|(topic, places)| places.keys().map(|partition| (topic.clone(), *partition)))
+            .collect();
+        for key in started {
+            self.forget(effect, &key);
+            self.set_paused(&key, true);
+            if !self.unjudged.contains(&key) {
+                self.unjudged.push(key);
+            }
         }
-        result
+        self.retry_at = None;
     }
 
     fn forget<E: Effect>(&mut self, effect: &mut E, partition: &TopicPartition) {
@@ -241,6 +261,7 @@ impl<'a> Frame<'a> {
         }
         if !self.unjudged.is_empty() && self.retry_at.is_none_or(|at| Instant::now() >= at) {
             let stored = effect.stored_positions(self.consumer, &self.unjudged).await?;
+            let mut started = TopicPartitionList::new();
             for (key, next) in stored {
                 if !self.unjudged.contains(&key) {
                     continue;
@@ -249,13 +270,23 @@ impl<'a> Frame<'a> {
                 if !self.judge(&key, next) {
                     continue;
                 }
-                let sought = self.seek(&key, next);
-                self.set_paused(&key, false);
+                // Nothing stored: the topic's first offset, as a number — a logical offset would
+                // cost each partition an offset look-up before its first fetch.
+                let at = next.or_else(|| self.first_offset(&key));
+                let sought = self.seek(&key, at);
                 self.places
                     .entry(key.0.clone())
                     .or_default()
-                    .insert(key.1, Place { next, sought });
+                    .insert(key.1, Place { next: at, sought });
                 effect.start(&key, next, None).await?;
+                started.add_partition(&key.0, key.1);
+            }
+            // Resumed together, so their fetches start together: none waits behind the others'
+            // backlogs.
+            if started.count() > 0
+                && let Err(error) = self.consumer.resume(&started)
+            {
+                tracing::warn!(%error, "resuming the partitions started");
             }
             self.retry_at = (!self.unjudged.is_empty()).then(|| Instant::now() + RETRY_STORED);
         }
@@ -308,6 +339,18 @@ impl<'a> Frame<'a> {
             return false;
         }
         !watch.is_held(key.1)
+    }
+
+    /// The partition's first offset on the broker, if it answers.
+    fn first_offset(&self, key: &TopicPartition) -> Option<i64> {
+        let consumer = self.consumer;
+        match tokio::task::block_in_place(|| consumer.fetch_watermarks(&key.0, key.1, BROKER_TIMEOUT)) {
+            Ok((low, _)) => Some(low.max(0)),
+            Err(error) => {
+                tracing::debug!(topic = %key.0, partition = key.1, %error, "watermarks; seeking to the beginning instead");
+                None
+            }
+        }
     }
 
     /// Positions the consumer at `next` (the topic's first offset for `None`); `false` when the
@@ -412,7 +455,9 @@ impl<'a> Frame<'a> {
         let consumer = self.consumer;
         match tokio::task::block_in_place(|| consumer.commit(&list, CommitMode::Sync)) {
             Ok(()) => effect.committed(&points),
-            Err(error) => tracing::warn!(%error, "offset commit failed; the records will be redelivered"),
+            Err(error) => {
+                tracing::warn!(%error, "the group's offset commit failed; records after its last commit may be read again")
+            }
         }
     }
 }
