@@ -265,6 +265,15 @@ impl Effect for Archiver<'_> {
         let Some(table) = self.topics.get(&*key.0).copied() else {
             return Ok(());
         };
+        // Held while it was read, and goes on after an accepted gap: what it took before the gap
+        // is committed first (the new progress replaces the old).
+        if self
+            .partitions
+            .get(key)
+            .is_some_and(|progress| progress.last.is_some())
+        {
+            self.flush(FlushReason::Gap).await?;
+        }
         let app_id = table.app_id(&key.0, key.1);
         // The fence's expectation: what the table stores (after an accepted gap the old topic's
         // last offset, which the next commit replaces).

@@ -10,8 +10,10 @@
 //!
 //! Exactly-once, as kafka-delta-ingest does it: progress lives in the tables, not in the consumer
 //! group. Every commit carries a `txn` action per `(table, topic, partition)` whose version is the
-//! last offset it covers ([`progress::app_id`]). A partition this instance starts reading resumes
-//! at the stored version + 1 (seeking the consumer there, [`progress::place`]). Before a commit the
+//! last offset it covers. A partition this instance starts reading resumes after the stored
+//! version: the archiver is an effect on the consuming-stage frame
+//! ([`contrail_common::consume::Frame`]), which judges that position against the topic, seeks
+//! there and places each record. Before a commit the
 //! stored versions are read again and must equal what this instance resumed from or last committed
 //! ([`progress::fence_holds`]) — a zombie that lost its partitions in a rebalance finds the new
 //! owner's versions and drops its rows — and Delta's conflict check refuses a commit racing another

@@ -6,8 +6,6 @@
 
 use std::time::Duration;
 
-pub use contrail_common::consume::{Placement, place, resume_at};
-
 /// Whether the commit of a partition may go ahead: the table must still hold the version this
 /// instance resumed from (or last committed). Anything else means another instance committed for
 /// this partition since — this one is a zombie for it and must drop its buffered rows.
@@ -26,6 +24,9 @@ pub enum FlushReason {
     Latency,
     /// The stage is stopping (SIGTERM): the batch in flight is committed before it exits.
     Stopping,
+    /// A partition held at a gap while it was read goes on after the gap was accepted: what it
+    /// took before the gap is committed first.
+    Gap,
 }
 
 impl FlushReason {
@@ -36,6 +37,7 @@ impl FlushReason {
             FlushReason::Bytes => "bytes",
             FlushReason::Latency => "latency",
             FlushReason::Stopping => "stopping",
+            FlushReason::Gap => "gap",
         }
     }
 }

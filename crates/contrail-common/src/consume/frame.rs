@@ -15,6 +15,11 @@
 //!   or redelivered after a seek) is dropped; a first record past it without a seek there seeks
 //!   back ([`position::place`]); a record of a partition not started (held, being judged, revoked) is
 //!   dropped — it is read again from the judged position;
+//! - **no silent gap while reading**: a record past its partition's next offset (librdkafka
+//!   reset a position the broker lost to the topic's first offset) is judged against the topic's
+//!   first offset ([`position::judge_jump`]) — records deleted before they were read hold the
+//!   partition at a retention gap (a topic re-created under a running stage is found at its
+//!   next start: librdkafka gives no sign of it while reading);
 //! - **back-pressure and pause**: records are taken only while the effect has room and an
 //!   operator has not paused the stage;
 //! - **commit after the effect**: the offsets the effect reports durable are committed to the
@@ -36,6 +41,7 @@ use rdkafka::message::{Message, OwnedMessage};
 use rdkafka::{Offset, TopicPartitionList};
 
 use super::gap_watch::{Accepted, GapWatch};
+use super::gaps::{Gap, GapCause};
 use super::position::{self, Placement};
 use super::rebalance::{RebalanceEvent, Rebalances, RecordingConsumer, TopicPartition};
 use crate::shutdown::Shutdown;
@@ -274,10 +280,11 @@ impl<'a> Frame<'a> {
                 // cost each partition an offset look-up before its first fetch.
                 let at = next.or_else(|| self.first_offset(&key));
                 let sought = self.seek(&key, at);
+                // Nothing stored: the first record read is taken, wherever the topic starts now.
                 self.places
                     .entry(key.0.clone())
                     .or_default()
-                    .insert(key.1, Place { next: at, sought });
+                    .insert(key.1, Place { next, sought });
                 effect.start(&key, next, None).await?;
                 started.add_partition(&key.0, key.1);
             }
@@ -386,19 +393,39 @@ impl<'a> Frame<'a> {
         let partition = record.partition();
         let Some(place) = self
             .places
-            .get_mut(record.topic())
-            .and_then(|places| places.get_mut(&partition))
+            .get(record.topic())
+            .and_then(|places| places.get(&partition))
+            .copied()
         else {
             // Not started (held, being judged, revoked): read again from its judged position.
             return Ok(());
         };
         let placement = match place.next {
             None => Placement::Take,
+            Some(next) if offset > next && place.sought => {
+                let topic = record.topic().to_owned();
+                match self.judge_jump(&topic, partition, next, offset) {
+                    Some(placement) => placement,
+                    None => {
+                        // Held: nothing of it is read until the gap is accepted.
+                        if let Some(places) = self.places.get_mut(topic.as_str()) {
+                            places.remove(&partition);
+                        }
+                        return Ok(());
+                    }
+                }
+            }
             Some(next) => position::place(next, offset, place.sought),
         };
         match placement {
             Placement::Take => {
-                place.next = Some(offset + 1);
+                if let Some(place) = self
+                    .places
+                    .get_mut(record.topic())
+                    .and_then(|places| places.get_mut(&partition))
+                {
+                    place.next = Some(offset + 1);
+                }
                 effect.take(record).await
             }
             Placement::Skip => Ok(()),
@@ -421,6 +448,38 @@ impl<'a> Frame<'a> {
                 }
                 Ok(())
             }
+        }
+    }
+
+    /// A record at `offset` past the partition's `next` (the consumer was positioned at `next`):
+    /// librdkafka jumped — the broker lost the position and it reset to the topic's first offset —
+    /// or the offsets in between hold no record (compaction, transaction markers). Judged against
+    /// the topic's first offset: `None` when records were lost (the partition is then held at a
+    /// retention gap), else what to do with the record (take it; read again from `next` when the
+    /// broker does not answer).
+    fn judge_jump(&self, topic: &str, partition: i32, next: i64, offset: i64) -> Option<Placement> {
+        let consumer = self.consumer;
+        let watermarks =
+            tokio::task::block_in_place(|| consumer.fetch_watermarks(topic, partition, BROKER_TIMEOUT)).ok();
+        match position::judge_jump(
+            next,
+            offset,
+            position::GAP_RETRIES,
+            watermarks.map(|(low, _)| low),
+        ) {
+            position::Jump::NothingLost => Some(Placement::Take),
+            position::Jump::Lost { from, log_start, .. } => {
+                let watch = self.watches.iter().find(|watch| watch.topic() == topic)?;
+                let gap = Gap {
+                    cause: GapCause::Retention,
+                    stored_next: from,
+                    log_start,
+                    log_end: watermarks.map_or(log_start, |(_, high)| high),
+                };
+                tokio::task::block_in_place(|| watch.hold(consumer, partition, gap));
+                None
+            }
+            position::Jump::Unknown | position::Jump::Reseek => Some(Placement::SeekTo(next)),
         }
     }
 

@@ -18,6 +18,6 @@ pub use dead_letters::DeadLetters;
 pub use frame::{Effect, Frame, Points, group_positions};
 pub use gap_watch::{Accepted, GapWatch};
 pub use gaps::Gaps;
-pub use position::{GAP_RETRIES, Jump, Placement, judge_jump, place, resume_at};
+pub use position::{GAP_RETRIES, Jump, Placement, judge_jump, place};
 pub use rebalance::{RebalanceEvent, Rebalances, RecordingConsumer, RecordingContext, TopicPartition};
 pub use standing::{Standing, standings, standings_off_runtime};

@@ -5,15 +5,6 @@
 //! it does with a record at an offset, and how a first record past the stored position is judged,
 //! is the same for all of them and is written here once.
 
-/// The next offset to read, given the last offset applied (`None`: nothing applied yet, start at
-/// the partition's first retained offset `low`).
-pub fn resume_at(stored: Option<i64>, low: i64) -> i64 {
-    match stored {
-        Some(version) => version + 1,
-        None => low.max(0),
-    }
-}
-
 /// What to do with a record at `offset` when `next` is the partition's next offset to apply.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Placement {
@@ -86,13 +77,6 @@ pub fn judge_jump(expected: i64, got: i64, attempts: u32, low_watermark: Option<
 mod tests {
     use super::*;
     use proptest::prelude::*;
-
-    #[test]
-    fn resumes_after_the_stored_version_or_at_the_first_retained_offset() {
-        assert_eq!(resume_at(Some(41), 0), 42);
-        assert_eq!(resume_at(None, 17), 17);
-        assert_eq!(resume_at(None, -1), 0);
-    }
 
     #[test]
     fn a_gap_is_reread_then_judged_against_the_log_start() {
