@@ -45,15 +45,20 @@ pub enum Offer {
     Coalesced,
 }
 
+/// A position and the epoch of its partition when it was consumed: a partition restarted after an
+/// accepted gap (its topic created again) may hand out the same offsets for other records, and a
+/// write still in flight from before must not make those done.
+type Stamped = (i32, i64, u32);
+
 struct Pending<T> {
     version: u64,
     item: T,
-    covers: Vec<Position>,
+    covers: Vec<Stamped>,
 }
 
 struct Slot<T> {
     /// The write in flight: its version and the records it makes done.
-    writing: Option<(u64, Vec<Position>)>,
+    writing: Option<(u64, Vec<Stamped>)>,
     /// The newest record waiting to be written, and the records it makes done.
     pending: Option<Pending<T>>,
 }
@@ -67,6 +72,8 @@ struct Progress {
     next: i64,
     /// The commit point last reported as committed.
     committed: Option<i64>,
+    /// How many times the partition was restarted ([`Window::restart`]).
+    epoch: u32,
 }
 
 impl Progress {
@@ -108,17 +115,22 @@ impl<T> Window<T> {
         self.writing
     }
 
-    fn open(&mut self, (partition, offset): Position) {
+    fn open(&mut self, (partition, offset): Position) -> Stamped {
         let progress = self.partitions.entry(partition).or_default();
         *progress.open.entry(offset).or_insert(0) += 1;
         progress.next = progress.next.max(offset + 1);
         self.open += 1;
+        (partition, offset, progress.epoch)
     }
 
-    fn close(&mut self, (partition, offset): Position) {
+    fn close(&mut self, (partition, offset, epoch): Stamped) {
         let Some(progress) = self.partitions.get_mut(&partition) else {
             return;
         };
+        if progress.epoch != epoch {
+            // Consumed before the partition restarted: not one of its records any more.
+            return;
+        }
         if let Some(count) = progress.open.get_mut(&offset) {
             *count -= 1;
             if *count == 0 {
@@ -130,13 +142,13 @@ impl<T> Window<T> {
 
     /// A record that needs no write (it went to the dead-letter topic, acknowledged).
     pub fn done(&mut self, position: Position) {
-        self.open(position);
-        self.close(position);
+        let stamped = self.open(position);
+        self.close(stamped);
     }
 
     /// A consumed record of flight `key` at `version`.
     pub fn offer(&mut self, position: Position, key: &str, version: u64, item: T) -> Offer {
-        self.open(position);
+        let position = self.open(position);
         let Some(slot) = self.keys.get_mut(key) else {
             self.keys.insert(
                 key.to_owned(),
@@ -239,10 +251,15 @@ impl<T> Window<T> {
     /// still being written no longer hold its commit point, and `from` counts as committed (the
     /// loop commits it at once).
     pub fn restart(&mut self, partition: i32, from: i64) {
+        let epoch = self
+            .partitions
+            .get(&partition)
+            .map_or(0, |old| old.epoch.wrapping_add(1));
         let fresh = Progress {
             open: BTreeMap::new(),
             next: from,
             committed: Some(from),
+            epoch,
         };
         if let Some(old) = self.partitions.insert(partition, fresh) {
             self.open -= old.open.values().map(|count| *count as usize).sum::<usize>();
@@ -292,6 +309,29 @@ mod tests {
             "the old record's write closed nothing twice"
         );
         assert_eq!(window.commit_points(), vec![(0, 2), (1, 8)]);
+    }
+
+    #[test]
+    fn a_write_from_before_a_restart_does_not_make_the_new_records_at_its_offsets_done() {
+        let mut window: Window<&str> = Window::default();
+        window.offer((0, 5), "OLD", 1, "old topic's offset 5");
+        let old = window.next_write().expect("the old record's write starts");
+        // The gap is accepted: the topic was created again and starts at 0.
+        window.restart(0, 0);
+        for offset in 0..=5 {
+            window.offer((0, offset), "NEW", offset as u64 + 1, "new topic");
+        }
+        let new = window.next_write().expect("the new records' write starts");
+        window.complete(&old.key);
+        assert_eq!(
+            window.commit_points(),
+            vec![],
+            "the old write's acknowledgement closes none of the new topic's records"
+        );
+        assert_eq!(window.outstanding(), 6);
+        window.complete(&new.key);
+        assert_eq!(window.commit_points(), vec![(0, 6)]);
+        assert_eq!(window.outstanding(), 0);
     }
 
     #[test]
