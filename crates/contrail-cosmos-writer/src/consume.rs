@@ -11,8 +11,8 @@ use std::pin::Pin;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use contrail_common::consume::frame::{Effect, Points, group_positions};
-use contrail_common::consume::{Accepted, DeadLetters, RecordingConsumer, TopicPartition};
+use contrail_common::consume::frame::{Effect, Points, Start, group_positions};
+use contrail_common::consume::{DeadLetters, RecordingConsumer, TopicPartition};
 use contrail_common::shutdown::Shutdown;
 use contrail_common::trace::TraceParent;
 use contrail_flight::document::{PREDICTION_GUARD, flight_document, prediction_fields};
@@ -120,13 +120,10 @@ impl Effect for Writes<'_> {
         Ok(group_positions(consumer, partitions))
     }
 
-    async fn start(
-        &mut self,
-        partition: &TopicPartition,
-        _next: Option<i64>,
-        accepted: Option<&Accepted>,
-    ) -> Result<(), CosmosWriterError> {
-        if let Some(accepted) = accepted {
+    /// Its position is the group's commit; after an accepted gap the window forgets the
+    /// partition's old records and counts the gap's end as committed.
+    async fn start(&mut self, partition: &TopicPartition, start: Start<'_>) -> Result<(), CosmosWriterError> {
+        if let Some(accepted) = start.accepted {
             self.window.restart(partition.1, accepted.from);
         }
         Ok(())

@@ -9,17 +9,14 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
-use contrail_common::consume::frame::{Effect, Frame, Points};
+use contrail_common::consume::frame::{Effect, Frame, Points, Start};
 use contrail_common::consume::gaps::{self, Gaps};
-use contrail_common::consume::{
-    Accepted, DeadLetters, GapWatch, Rebalances, RecordingConsumer, TopicPartition,
-};
+use contrail_common::consume::{DeadLetters, GapWatch, Rebalances, RecordingConsumer, TopicPartition};
 use contrail_common::server::Health;
 use contrail_common::shutdown::Shutdown;
 use contrail_common::trace::TraceParent;
 use contrail_history::Table;
 use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Message, OwnedMessage};
 use rdkafka::producer::FutureProducer;
 use tracing::Instrument;
@@ -58,7 +55,6 @@ pub(crate) struct PartitionProgress {
 pub(crate) struct Archiver<'a> {
     pub(crate) config: &'a DeltaArchiverConfig,
     pub(crate) topics: HashMap<String, Table>,
-    pub(crate) watermarks: &'a BaseConsumer,
     pub(crate) dlq: &'a FutureProducer,
     pub(crate) tables: Tables,
     pub(crate) metrics: &'a ArchiverMetrics,
@@ -218,15 +214,6 @@ impl Archiver<'_> {
             age,
         )
     }
-
-    /// The partition's next offset for the status when nothing is stored: the topic's first.
-    fn first_offset(&self, topic: &str, partition: i32) -> Option<i64> {
-        let watermarks = self.watermarks;
-        tokio::task::block_in_place(|| watermarks.fetch_watermarks(topic, partition, Duration::from_secs(10)))
-            .map(|(low, _)| low.max(0))
-            .map_err(|error| tracing::debug!(topic, partition, %error, "watermarks"))
-            .ok()
-    }
 }
 
 impl Effect for Archiver<'_> {
@@ -256,12 +243,7 @@ impl Effect for Archiver<'_> {
         Ok(stored)
     }
 
-    async fn start(
-        &mut self,
-        key: &TopicPartition,
-        next: Option<i64>,
-        accepted: Option<&Accepted>,
-    ) -> Result<(), DeltaArchiverError> {
+    async fn start(&mut self, key: &TopicPartition, start: Start<'_>) -> Result<(), DeltaArchiverError> {
         let Some(table) = self.topics.get(&*key.0).copied() else {
             return Ok(());
         };
@@ -277,21 +259,20 @@ impl Effect for Archiver<'_> {
         let app_id = table.app_id(&key.0, key.1);
         // The fence's expectation: what the table stores (after an accepted gap the old topic's
         // last offset, which the next commit replaces).
-        let committed = match accepted {
+        let committed = match start.accepted {
             Some(_) => self.tables.stored_version(table, &app_id).await?,
-            None => next.map(|next| next - 1),
+            None => start.stored.map(|next| next - 1),
         };
-        let shown = next.or_else(|| self.first_offset(&key.0, key.1));
-        if let (Some(shown), Ok(mut positions)) = (shown, self.positions.lock()) {
-            positions.insert((key.0.to_string(), key.1), shown);
+        if let (Some(at), Ok(mut positions)) = (start.at, self.positions.lock()) {
+            positions.insert((key.0.to_string(), key.1), at);
         }
         tracing::info!(
             table = table.name(),
             topic = %key.0,
             partition = key.1,
             ?committed,
-            ?next,
-            gap_accepted = accepted.is_some(),
+            next = ?start.at,
+            gap_accepted = start.accepted.is_some(),
             "partition position read from the table"
         );
         self.partitions.insert(
@@ -305,7 +286,9 @@ impl Effect for Archiver<'_> {
                 dead: Vec::new(),
                 last: None,
                 traced: Vec::new(),
-                accepted_gap: accepted.map(|accepted| accepted_gap_metadata(&accepted.held)),
+                accepted_gap: start
+                    .accepted
+                    .map(|accepted| accepted_gap_metadata(&accepted.held)),
             },
         );
         Ok(())

@@ -134,7 +134,6 @@ pub async fn run(config: DeltaArchiverConfig, shutdown: Shutdown) -> Result<(), 
             .iter()
             .map(|(table, topic)| (topic.clone(), *table))
             .collect(),
-        watermarks: &watermarks,
         dlq: &dlq,
         tables,
         metrics: &metrics,

@@ -82,14 +82,8 @@ pub trait Effect {
         partitions: &[TopicPartition],
     ) -> Result<Vec<(TopicPartition, Option<i64>)>, Self::Error>;
 
-    /// The partition starts at `next` (`None`: at the first record the topic has); `accepted`
-    /// when it goes on after a gap an operator accepted.
-    async fn start(
-        &mut self,
-        partition: &TopicPartition,
-        next: Option<i64>,
-        accepted: Option<&Accepted>,
-    ) -> Result<(), Self::Error>;
+    /// The partition starts ([`Start`]: where, and after which accepted gap).
+    async fn start(&mut self, partition: &TopicPartition, start: Start<'_>) -> Result<(), Self::Error>;
 
     /// The partition is not this instance's any more, or restarts from its stored position:
     /// whatever of it is not durable is forgotten (it is read again).
@@ -118,6 +112,18 @@ pub trait Effect {
 
     /// The stage stops: finish (or give up) what is in flight; returns the offsets to commit.
     async fn drain(&mut self) -> Result<Points, Self::Error>;
+}
+
+/// Where a partition starts, as the frame tells its effect.
+#[derive(Debug, Clone, Copy)]
+pub struct Start<'a> {
+    /// The stored position it starts at (the next offset to read); `None`: nothing was stored.
+    pub stored: Option<i64>,
+    /// Where the consumer was put: the stored position, or the topic's first offset when nothing
+    /// was stored (`None` if the broker did not say).
+    pub at: Option<i64>,
+    /// The gap an operator accepted, when it goes on after one (at the gap's end).
+    pub accepted: Option<&'a Accepted>,
 }
 
 /// Where a started partition stands.
@@ -219,13 +225,19 @@ impl<'a> Frame<'a> {
             .flat_map(|(topic, places)| places.keys().map(|partition| (topic.clone(), *partition)))
             .collect();
         for key in started {
-            self.forget(effect, &key);
-            self.set_paused(&key, true);
-            if !self.unjudged.contains(&key) {
-                self.unjudged.push(key);
-            }
+            self.requeue(effect, key);
         }
         self.retry_at = None;
+    }
+
+    /// Forgets a started partition, pauses it and queues it to start again from its stored
+    /// position.
+    fn requeue<E: Effect>(&mut self, effect: &mut E, key: TopicPartition) {
+        self.forget(effect, &key);
+        self.set_paused(&key, true);
+        if !self.unjudged.contains(&key) {
+            self.unjudged.push(key);
+        }
     }
 
     fn forget<E: Effect>(&mut self, effect: &mut E, partition: &TopicPartition) {
@@ -247,23 +259,18 @@ impl<'a> Frame<'a> {
                     continue;
                 };
                 let key: TopicPartition = (Arc::from(topic.as_str()), *partition);
-                match event {
-                    RebalanceEvent::Assigned(_) => {}
-                    RebalanceEvent::Revoked(_) => watch.release(*partition),
-                }
                 self.unjudged.retain(|queued| *queued != key);
-                if matches!(event, RebalanceEvent::Assigned(_)) {
-                    self.unjudged.push(key.clone());
+                match event {
+                    // (Again): judged from its stored position.
+                    RebalanceEvent::Assigned(_) => self.unjudged.push(key.clone()),
+                    // Its new owner judges a gap held on it again.
+                    RebalanceEvent::Revoked(_) => watch.release(*partition),
                 }
                 self.forget(effect, &key);
             }
         }
         for key in effect.restarts() {
-            self.forget(effect, &key);
-            self.set_paused(&key, true);
-            if !self.unjudged.contains(&key) {
-                self.unjudged.push(key);
-            }
+            self.requeue(effect, key);
         }
         if !self.unjudged.is_empty() && self.retry_at.is_none_or(|at| Instant::now() >= at) {
             let stored = effect.stored_positions(self.consumer, &self.unjudged).await?;
@@ -285,7 +292,12 @@ impl<'a> Frame<'a> {
                     .entry(key.0.clone())
                     .or_default()
                     .insert(key.1, Place { next, sought });
-                effect.start(&key, next, None).await?;
+                let start = Start {
+                    stored: next,
+                    at,
+                    accepted: None,
+                };
+                effect.start(&key, start).await?;
                 started.add_partition(&key.0, key.1);
             }
             // Resumed together, so their fetches start together: none waits behind the others'
@@ -321,7 +333,12 @@ impl<'a> Frame<'a> {
                     .entry(key.0.clone())
                     .or_default()
                     .insert(key.1, Place { next, sought: true });
-                effect.start(&key, next, Some(&accepted)).await?;
+                let start = Start {
+                    stored: next,
+                    at: next,
+                    accepted: Some(&accepted),
+                };
+                effect.start(&key, start).await?;
                 // Committed at once, so a restart does not meet the gap again.
                 self.commit(effect, vec![(key.clone(), accepted.from)]);
                 self.set_paused(&key, false);
@@ -442,9 +459,7 @@ impl<'a> Frame<'a> {
                     }
                 } else {
                     // Not assigned any more, or the broker is away: start it over.
-                    self.forget(effect, &key);
-                    self.set_paused(&key, true);
-                    self.unjudged.push(key);
+                    self.requeue(effect, key);
                 }
                 Ok(())
             }

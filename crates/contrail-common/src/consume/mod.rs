@@ -15,7 +15,7 @@ pub mod rebalance;
 pub mod standing;
 
 pub use dead_letters::DeadLetters;
-pub use frame::{Effect, Frame, Points, group_positions};
+pub use frame::{Effect, Frame, Points, Start, group_positions};
 pub use gap_watch::{Accepted, GapWatch};
 pub use gaps::Gaps;
 pub use position::{GAP_RETRIES, Jump, Placement, judge_jump, place};
