@@ -59,8 +59,11 @@ case "$(uname -s)-$(uname -m)" in
 esac
 
 registry="${CARGO_HOME:-$HOME/.cargo}/registry/src"
+# Empty when absent — also on a new machine whose registry directory does not exist yet (find
+# fails there, and under pipefail that failure must not end the script without a word).
 find_source() {
-  find "$registry" -mindepth 2 -maxdepth 2 -type d -name "$1" 2>/dev/null | head -1
+  [ -d "$registry" ] || return 0
+  find "$registry" -mindepth 2 -maxdepth 2 -type d -name "$1" 2>/dev/null | head -1 || true
 }
 src="$(find_source "librocksdb-sys-$rocksdb_sys")"
 lz4="$(find_source "lz4-sys-$lz4_sys")"

@@ -40,7 +40,10 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/contrail-target}"
 # compiling its own in each target directory. ROCKSDB_COMPILE=1 keeps the crate's own build (the
 # images and the release benchmarks build it so, at -O3).
 if [ -z "${ROCKSDB_COMPILE:-}" ]; then
-  ROCKSDB_LIB_DIR="$(bash "$(dirname "$(realpath "${BASH_SOURCE[0]}")")/rocksdb.sh")"
+  ROCKSDB_LIB_DIR="$(bash "$(dirname "$(realpath "${BASH_SOURCE[0]}")")/rocksdb.sh")" || {
+    echo "setup: scripts/rocksdb.sh failed (its messages are above); ROCKSDB_COMPILE=1 lets librocksdb-sys compile RocksDB itself" >&2
+    exit 1
+  }
   export ROCKSDB_LIB_DIR ROCKSDB_STATIC=1
 fi
 
