@@ -30,7 +30,7 @@ fn read_all(brokers: &str, topic: &str, at_least: usize) -> Vec<OwnedMessage> {
 
 /// Reads the raw topic and the outputs and checks them against the oracle; panics with the
 /// violations. Returns (raw records, accepted events, duplicates, late events).
-fn verify(brokers: &str, topics: &DedupTopics, raw_count: usize) -> (usize, usize, usize, usize) {
+pub(crate) fn verify(brokers: &str, topics: &DedupTopics, raw_count: usize) -> (usize, usize, usize, usize) {
     let raw = raw_records(&read_all(brokers, &topics.raw, raw_count));
     assert_eq!(raw.len(), raw_count, "every produced event is on the raw topic");
     let expected = expect(&raw, OracleRules::default());

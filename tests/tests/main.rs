@@ -14,6 +14,7 @@ mod exactly_once;
 mod gaps;
 mod ingest_api;
 mod ingest_resilience;
+mod large_restore;
 mod layering;
 mod poison;
 mod replay_cli;

@@ -19,6 +19,7 @@ pub mod config;
 pub mod error;
 pub mod in_flight;
 pub mod metrics;
+pub mod opening;
 pub mod processor;
 pub mod rotation;
 pub mod shards;

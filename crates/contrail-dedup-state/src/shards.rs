@@ -143,6 +143,14 @@ pub struct ShardStatus {
 /// Where an owned shard's RocksDB instance lives: empty once the shard is closed.
 type Slot = Arc<Mutex<Option<Shard>>>;
 
+/// A shard opened for a partition just assigned, not owned yet ([`ShardSet::prepare`]).
+pub(crate) struct Opened {
+    partition: i32,
+    shard: Shard,
+    origin: String,
+    outbox: Vec<(u64, OutboxRecord)>,
+}
+
 /// One owned shard. Its RocksDB instance is behind its own lock, so batches of different shards
 /// commit on different threads at once; the slot is emptied when the shard is closed.
 struct OwnedShard {
@@ -278,9 +286,12 @@ impl ShardSet {
         self.state_dir.join(format!("shard-{partition}"))
     }
 
-    /// Opens the shard of `partition` (reopen, restore or empty) and queues its outbox; returns
-    /// the offset to assign at.
-    pub(crate) fn open(&self, partition: i32) -> Result<Offset, StateError> {
+    /// Opens the shard of `partition` — reopened from the local directory, restored from the newest
+    /// complete checkpoint, or empty — and reads its outbox, without owning it yet: the slow part
+    /// of an assignment (a restore downloads and opens the whole state), run off the polling
+    /// thread so the consumer keeps serving the group meanwhile ([`crate::opening`]).
+    pub(crate) fn prepare(&self, partition: i32) -> Result<Opened, StateError> {
+        let started = Instant::now();
         let dir = self.shard_dir(partition);
         let mut local_shard = None;
         let local = if dir.join("CURRENT").exists() {
@@ -297,7 +308,6 @@ impl ShardSet {
         let origin = match protocol::restore_plan(local, &manifests, partition) {
             RestorePlan::ReopenLocal => "reopened".to_owned(),
             RestorePlan::Restore { epoch, checkpoint } => {
-                let started = Instant::now();
                 if let Some(stale) = local_shard.take() {
                     drop(stale);
                     tracing::info!(
@@ -311,6 +321,7 @@ impl ShardSet {
                         message: error.to_string(),
                     })?;
                 }
+                tracing::info!(partition, epoch, "restoring the shard from the checkpoint store");
                 self.runtime
                     .block_on(self.store.download_shard(&checkpoint, &dir))?;
                 self.metrics.restores.inc();
@@ -330,6 +341,30 @@ impl ShardSet {
             None => Shard::open_in(&dir, partition, Some(&self.processing.memory))?,
         };
         let outbox = shard.outbox()?;
+        tracing::info!(
+            partition,
+            %origin,
+            outbox = outbox.len(),
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "shard prepared"
+        );
+        Ok(Opened {
+            partition,
+            shard,
+            origin,
+            outbox,
+        })
+    }
+
+    /// Owns a shard [`ShardSet::prepare`] opened: queues its outbox for re-sending (before any new
+    /// output) and returns the offset its partition goes on from. Quick: the polling thread calls it.
+    pub(crate) fn install(&self, opened: Opened) -> Offset {
+        let Opened {
+            partition,
+            shard,
+            origin,
+            outbox,
+        } = opened;
         let next_offset = protocol::resume_offset(shard.progress().next_offset);
         tracing::info!(partition, ?next_offset, %origin, outbox = outbox.len(), "shard opened");
         let mut inner = self.lock();
@@ -354,7 +389,7 @@ impl ShardSet {
             },
         );
         self.metrics.outbox_pending.set(inner.unacknowledged() as i64);
-        Ok(next_offset.map_or(Offset::Beginning, Offset::Offset))
+        next_offset.map_or(Offset::Beginning, Offset::Offset)
     }
 
     /// Waits for the batches of `partitions` in progress, flushes outputs, applies

@@ -2,13 +2,15 @@
 //! shard per assigned input partition, runs micro-batches through the flight processor, and
 //! produces the outbox.
 //!
-//! - **Assignment** (inside the rebalance callback, before the partitions are handed to the fetcher):
-//!   each new partition's shard is reopened from the local directory, or restored from the newest
-//!   complete checkpoint, or started empty (the pure [`protocol::restore_plan`]); the partition is
-//!   then assigned *at the offset stored in the shard* — never at a group offset or a guess — and the
-//!   shard's outbox is queued for re-sending (produced by the polling thread before any new batch).
-//!   A partition assigned at a stored offset stays paused until the polling thread has judged that
-//!   offset against the topic ([`GapWatch`]): a gap holds that partition only.
+//! - **Assignment**: the rebalance callback only assigns the new partitions paused and records
+//!   them ([`crate::opening`]); opener threads open each one's shard — reopened from the local
+//!   directory, restored from the newest complete checkpoint, or started empty (the pure
+//!   [`contrail_state::protocol::restore_plan`]) — while this thread goes on polling (the group,
+//!   checkpoint barriers and the partitions already owned never wait for a restore). Once a shard
+//!   is open, its outbox is queued for re-sending (produced before any new batch), the partition
+//!   is sought to *the offset stored in the shard* — never a group offset or a guess — and that
+//!   offset is judged against the topic ([`GapWatch`]) before the partition resumes: a gap holds
+//!   that partition only.
 //! - **Batches**: polled records are held per partition; each partition's next batch runs on one of
 //!   `batch.threads` processing threads (or on the polling thread for 1), one batch per shard at a
 //!   time; a record below the shard's stored offset is already reflected in its state and skipped
@@ -38,6 +40,7 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio::sync::oneshot;
 
 use crate::error::DedupStateError;
+use crate::opening::{Assignments, Openers};
 use crate::shards::{OwnedRecord, PendingCheckpoint, Processed, ShardSet};
 use contrail_common::consume::GapWatch;
 
@@ -104,27 +107,13 @@ struct GapSeen {
     accepted: bool,
 }
 
-/// Consumer context: opens and closes shards on assignment and revocation, and assigns partitions
-/// at the offsets stored in their shards.
+/// Consumer context: records assignments (their shards are opened off this callback, by
+/// [`Openers`]) and closes the shards of revoked partitions.
 pub struct GroupContext {
     shards: Arc<ShardSet>,
     input_topic: String,
     gaps: Gaps,
-    /// Partitions assigned at a stored offset, paused until the polling thread judged that offset
-    /// against the topic ([`GapWatch::check_assigned`]).
-    unjudged: Mutex<Vec<(i32, i64)>>,
-}
-
-impl GroupContext {
-    /// The partitions assigned since the last call, with their shards' stored offsets.
-    fn take_unjudged(&self) -> Vec<(i32, i64)> {
-        std::mem::take(
-            &mut *self
-                .unjudged
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner),
-        )
-    }
+    assignments: Arc<Assignments>,
 }
 
 impl ClientContext for GroupContext {}
@@ -141,21 +130,8 @@ impl ConsumerContext for GroupContext {
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
                 let mut assignment = TopicPartitionList::new();
                 for element in partitions.elements() {
-                    if element.topic() != self.input_topic {
-                        continue;
-                    }
-                    match self.shards.open(element.partition()) {
-                        Ok(offset) => {
-                            if let Err(error) =
-                                assignment.add_partition_offset(element.topic(), element.partition(), offset)
-                            {
-                                self.shards
-                                    .fail(format!("partition {}: {error}", element.partition()));
-                            }
-                        }
-                        Err(error) => self
-                            .shards
-                            .fail(format!("open shard {}: {error}", element.partition())),
+                    if element.topic() == self.input_topic {
+                        assignment.add_partition(element.topic(), element.partition());
                     }
                 }
                 let result = if cooperative {
@@ -166,26 +142,20 @@ impl ConsumerContext for GroupContext {
                 if let Err(error) = result {
                     self.shards.fail(format!("assign: {error}"));
                 }
-                // Nothing of a partition with a stored offset is read before that offset is judged
-                // against the topic (no silent gap): the polling thread resumes it.
-                let mut stored = TopicPartitionList::new();
-                let mut unjudged = Vec::new();
-                for element in assignment.elements() {
-                    if let Offset::Offset(offset) = element.offset() {
-                        let _ = stored.add_partition(element.topic(), element.partition());
-                        unjudged.push((element.partition(), offset));
-                    }
+                // Nothing of a partition is read before its shard is open and its stored offset
+                // judged against the topic (no silent gap): the polling thread seeks and resumes it.
+                if assignment.count() > 0
+                    && let Err(error) = consumer.pause(&assignment)
+                {
+                    tracing::warn!(%error, "pausing the assigned partitions until their shards are open");
                 }
-                if !unjudged.is_empty() {
-                    if let Err(error) = consumer.pause(&stored) {
-                        tracing::warn!(%error, "pausing the assigned partitions until their offsets are judged");
-                    }
-                    self.unjudged
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner)
-                        .extend(unjudged);
-                }
-                tracing::info!(partitions = ?assignment.elements().iter().map(|e| (e.partition(), e.offset())).collect::<Vec<_>>(), "partitions assigned at their stored offsets");
+                let assigned: Vec<i32> = assignment
+                    .elements()
+                    .iter()
+                    .map(|element| element.partition())
+                    .collect();
+                self.assignments.assigned(&assigned);
+                tracing::info!(partitions = ?assigned, "partitions assigned; opening their shards");
             }
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
                 let revoked: Vec<i32> = partitions
@@ -198,10 +168,7 @@ impl ConsumerContext for GroupContext {
                 for partition in &revoked {
                     self.gaps.release(&self.input_topic, *partition);
                 }
-                self.unjudged
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .retain(|(partition, _)| !revoked.contains(partition));
+                self.assignments.revoked(&revoked);
                 let result = if cooperative {
                     consumer.incremental_unassign(partitions)
                 } else {
@@ -221,10 +188,7 @@ impl ConsumerContext for GroupContext {
                         self.gaps.release(&held.topic, held.partition);
                     }
                 }
-                self.unjudged
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .clear();
+                self.assignments.clear();
             }
         }
     }
@@ -254,7 +218,7 @@ pub fn group_context(shards: Arc<ShardSet>, input_topic: &str, gaps: Gaps) -> Gr
         shards,
         input_topic: input_topic.to_owned(),
         gaps,
-        unjudged: Mutex::new(Vec::new()),
+        assignments: Arc::default(),
     }
 }
 
@@ -376,6 +340,7 @@ pub fn run(
             }
             jobs = Some(job_sender);
         }
+        let mut openers = Openers::start(scope, shards, consumer.context().assignments.clone())?;
         let driver = Driver {
             consumer,
             shards,
@@ -385,9 +350,10 @@ pub fn run(
             paused,
             watch,
         };
-        let result = driver.poll_loop(jobs.as_ref(), &done);
-        // Closing the job queue ends the processing threads once their batches are done.
+        let result = driver.poll_loop(jobs.as_ref(), &done, &mut openers);
+        // Closing the job queues ends the processing and opener threads once their work is done.
         drop(jobs);
+        drop(openers);
         result
     });
     if result.is_ok() {
@@ -415,6 +381,7 @@ impl Driver<'_> {
         &self,
         jobs: Option<&mpsc::Sender<Job>>,
         done: &mpsc::Receiver<JobDone>,
+        openers: &mut Openers,
     ) -> Result<(), DedupStateError> {
         let Driver {
             consumer,
@@ -443,15 +410,11 @@ impl Driver<'_> {
                     }
                 }
             }
-            let unjudged = consumer.context().take_unjudged();
-            if !unjudged.is_empty() {
-                // Not judged (a broker hiccup): better read it than stop it — the batch check
-                // still refuses to skip past the shard's offset (`on_gap`).
-                for (partition, _) in watch.check_assigned(consumer, unjudged, is_paused) {
-                    if !is_paused {
-                        watch.resume(consumer, partition);
-                    }
-                }
+            for (partition, offset) in openers.turn(shards)? {
+                // Whatever was polled of it before its shard was open is read again from its offset.
+                pending.clear(partition);
+                gaps.remove(&partition);
+                self.start_partition(partition, offset, is_paused);
             }
             for accepted in watch.take_accepted(consumer, is_paused) {
                 pending.clear(accepted.partition);
@@ -484,6 +447,7 @@ impl Driver<'_> {
                     };
                     if !want_pause {
                         watch.keep_held_paused(consumer);
+                        keep_paused(consumer, &settings.input_topic, &openers.unopened());
                     }
                 }
                 is_paused = want_pause;
@@ -599,6 +563,58 @@ impl Driver<'_> {
         Ok(())
     }
 }
+
+impl Driver<'_> {
+    /// Puts a partition whose shard was just opened at the offset stored in it (the topic's first
+    /// offset for a shard that never committed), judges that offset against the topic, and
+    /// resumes the partition (unless the loop keeps its whole assignment paused) or holds it.
+    fn start_partition(&self, partition: i32, offset: Offset, is_paused: bool) {
+        let (consumer, topic) = (self.consumer, &self.settings.input_topic);
+        let at = match offset {
+            Offset::Offset(stored) => Offset::Offset(stored),
+            _ => consumer
+                .fetch_watermarks(topic, partition, BROKER_TIMEOUT)
+                .map_or(Offset::Beginning, |(low, _)| Offset::Offset(low)),
+        };
+        if let Err(error) = consumer.seek(topic, partition, at, BROKER_TIMEOUT) {
+            // The first batch is checked against the shard's offset anyway (a gap is read again).
+            tracing::warn!(partition, ?at, %error, "seeking to the shard's offset");
+        }
+        match offset {
+            Offset::Offset(stored) => {
+                // Not judged (a broker hiccup): better read it than stop it — the batch check
+                // still refuses to skip past the shard's offset (`on_gap`).
+                for (partition, _) in
+                    self.watch
+                        .check_assigned(consumer, vec![(partition, stored)], is_paused)
+                {
+                    if !is_paused {
+                        self.watch.resume(consumer, partition);
+                    }
+                }
+            }
+            _ if !is_paused => self.watch.resume(consumer, partition),
+            _ => {}
+        }
+    }
+}
+
+/// Pauses `partitions` of `topic` again after the loop resumed its whole assignment.
+fn keep_paused(consumer: &BaseConsumer<GroupContext>, topic: &str, partitions: &[i32]) {
+    if partitions.is_empty() {
+        return;
+    }
+    let mut list = TopicPartitionList::new();
+    for partition in partitions {
+        list.add_partition(topic, *partition);
+    }
+    if let Err(error) = consumer.pause(&list) {
+        tracing::warn!(%error, ?partitions, "keeping the partitions whose shards are opening paused");
+    }
+}
+
+/// How long a seek or a watermark request may wait for the broker.
+const BROKER_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Handles a finished batch: a gap repositions the partition (its held records are dropped and
 /// read again) or is accepted (the records go back to be processed from the record read).
