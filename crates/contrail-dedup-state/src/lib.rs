@@ -21,6 +21,7 @@ pub mod in_flight;
 pub mod metrics;
 pub mod opening;
 pub mod processor;
+pub mod records;
 pub mod rotation;
 pub mod shards;
 pub mod worker;

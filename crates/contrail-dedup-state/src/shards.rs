@@ -13,12 +13,11 @@ use std::sync::mpsc::{Receiver, Sender};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use contrail_common::trace::{self, TraceParent};
+use contrail_common::trace;
 use contrail_state::checkpoints::CheckpointStore;
 use contrail_state::protocol::{self, LocalShard, RestorePlan};
 use contrail_state::{Checkpointer, EngineConfig, InputRecord, OutboxRecord, Shard, StateError};
 use rdkafka::error::KafkaError;
-use rdkafka::message::Message;
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::{ClientContext, Offset};
 
@@ -27,6 +26,7 @@ use crate::error::DedupStateError;
 use crate::in_flight::InFlight;
 use crate::metrics::DedupMetrics;
 use crate::processor::{FlightProcessor, INVALID_KEY, OutputTopics};
+use crate::records::{OwnedRecord, TracedBatch};
 use crate::rotation::RotationProcessor;
 use contrail_flight::flight::Rules;
 
@@ -758,97 +758,4 @@ pub(crate) enum Processed {
         /// The first record's offset.
         got: i64,
     },
-}
-
-/// The trace side of a batch: a span for the batch, linked to a span per sampled record (a child
-/// of the record's context, open until the batch's outputs are handed to the producer); the
-/// context each record's outputs carry ([`contrail_common::trace::continued`]).
-struct TracedBatch {
-    batch: tracing::Span,
-    contexts: Vec<Option<String>>,
-    /// Kept open while the batch is processed and produced.
-    _records: Vec<tracing::Span>,
-}
-
-impl TracedBatch {
-    fn new(partition: i32, records: &[&OwnedRecord]) -> TracedBatch {
-        let mut spans = Vec::new();
-        let mut links = Vec::new();
-        let contexts = records
-            .iter()
-            .map(|record| {
-                let parent = record.trace?;
-                if !parent.sampled() {
-                    return Some(parent.header());
-                }
-                let span = tracing::info_span!(
-                    parent: None,
-                    "dedup-state.record",
-                    flight.key = %String::from_utf8_lossy(&record.key),
-                    messaging.kafka.partition = partition,
-                    messaging.kafka.offset = record.offset,
-                );
-                parent.adopt(&span);
-                let context = trace::continued(Some(parent), &span);
-                if let Some(own) = context.filter(|own| *own != parent) {
-                    links.push(own);
-                }
-                spans.push(span);
-                context.map(|context| context.header())
-            })
-            .collect();
-        let batch = tracing::info_span!(
-            parent: None,
-            "dedup-state.batch",
-            messaging.kafka.partition = partition,
-            records = records.len(),
-            traced = spans.len(),
-            outputs = tracing::field::Empty,
-        );
-        for link in links {
-            link.link_from(&batch);
-        }
-        TracedBatch {
-            batch,
-            contexts,
-            _records: spans,
-        }
-    }
-}
-
-/// A polled record, copied out of librdkafka's buffer.
-pub(crate) struct OwnedRecord {
-    pub(crate) offset: i64,
-    key: Vec<u8>,
-    payload: Vec<u8>,
-    /// The record's broker timestamp (create or append time), ms.
-    timestamp_ms: Option<i64>,
-    /// Its trace context (the `traceparent` header), if it carries one.
-    trace: Option<TraceParent>,
-}
-
-#[cfg(test)]
-impl OwnedRecord {
-    /// An empty record at `offset`.
-    pub(crate) fn for_test(offset: i64) -> OwnedRecord {
-        OwnedRecord {
-            offset,
-            key: Vec::new(),
-            payload: Vec::new(),
-            timestamp_ms: None,
-            trace: None,
-        }
-    }
-}
-
-impl<M: Message> From<&M> for OwnedRecord {
-    fn from(message: &M) -> Self {
-        OwnedRecord {
-            offset: message.offset(),
-            key: message.key().unwrap_or_default().to_vec(),
-            payload: message.payload().unwrap_or_default().to_vec(),
-            timestamp_ms: message.timestamp().to_millis(),
-            trace: TraceParent::of_record(message.headers()),
-        }
-    }
 }

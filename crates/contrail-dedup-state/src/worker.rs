@@ -25,7 +25,7 @@
 //!   checkpoint handle per owned shard to the async side, which takes the RocksDB checkpoints
 //!   (hard links, a memtable flush) on a blocking thread and uploads them while batches keep
 //!   committing.
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver};
 use std::sync::{Arc, Mutex};
@@ -41,7 +41,8 @@ use tokio::sync::oneshot;
 
 use crate::error::DedupStateError;
 use crate::opening::{Assignments, Openers};
-use crate::shards::{OwnedRecord, PendingCheckpoint, Processed, ShardSet};
+use crate::records::{OwnedRecord, Pending};
+use crate::shards::{PendingCheckpoint, Processed, ShardSet};
 use contrail_common::consume::GapWatch;
 
 /// Requests to the processing thread.
@@ -233,59 +234,6 @@ struct Job {
 struct JobDone {
     job: Job,
     outcome: Result<Processed, DedupStateError>,
-}
-
-/// Records polled and not yet processed, per partition, and the partitions with a batch running.
-#[derive(Default)]
-struct Pending {
-    records: BTreeMap<i32, VecDeque<OwnedRecord>>,
-    total: usize,
-    running: HashSet<i32>,
-}
-
-impl Pending {
-    fn push(&mut self, partition: i32, record: OwnedRecord) {
-        self.records.entry(partition).or_default().push_back(record);
-        self.total += 1;
-    }
-
-    /// Drops the records of `partition` (they are read again after a seek).
-    fn clear(&mut self, partition: i32) {
-        if let Some(records) = self.records.remove(&partition) {
-            self.total -= records.len();
-        }
-    }
-
-    /// Puts records back in front of `partition`'s queue.
-    fn put_back(&mut self, partition: i32, records: Vec<OwnedRecord>) {
-        self.total += records.len();
-        let queue = self.records.entry(partition).or_default();
-        for record in records.into_iter().rev() {
-            queue.push_front(record);
-        }
-    }
-
-    /// The next batch of a partition with records and no batch running, up to `max_records`,
-    /// taking partitions round-robin after `after`.
-    fn next_batch(&mut self, after: &mut i32, max_records: usize) -> Option<(i32, Vec<OwnedRecord>)> {
-        let ready = |(partition, queue): (&i32, &VecDeque<OwnedRecord>)| {
-            (!queue.is_empty() && !self.running.contains(partition)).then_some(*partition)
-        };
-        let partition = self
-            .records
-            .range(after.saturating_add(1)..)
-            .find_map(ready)
-            .or_else(|| self.records.range(..=*after).find_map(ready))?;
-        let queue = self.records.get_mut(&partition)?;
-        let take = queue.len().min(max_records);
-        let records: Vec<OwnedRecord> = queue.drain(..take).collect();
-        if queue.is_empty() {
-            self.records.remove(&partition);
-        }
-        self.total -= records.len();
-        *after = partition;
-        Some((partition, records))
-    }
 }
 
 /// The processing loop: polls the consumer (serving the group, the rebalance callback and the
@@ -700,96 +648,6 @@ fn on_batch_done(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use proptest::prelude::*;
-
-    fn record(offset: i64) -> OwnedRecord {
-        OwnedRecord::for_test(offset)
-    }
-
-    #[derive(Debug, Clone)]
-    enum Step {
-        Poll(i32),
-        Start,
-        Finish,
-        Gap,
-        Accept,
-    }
-
-    fn step() -> impl Strategy<Value = Step> {
-        prop_oneof![
-            4 => (0..4i32).prop_map(Step::Poll),
-            3 => Just(Step::Start),
-            3 => Just(Step::Finish),
-            1 => Just(Step::Gap),
-            1 => Just(Step::Accept),
-        ]
-    }
-
-    proptest! {
-        /// Whatever the interleaving of polls, batch starts and finishes, gaps (held records
-        /// dropped) and accepted gaps (records put back): no partition ever has two batches
-        /// running, every partition's records are processed in the order polled, batches stay
-        /// within `max_records`, and the held count is exact.
-        #[test]
-        fn batches_run_one_per_partition_in_offset_order(
-            steps in proptest::collection::vec(step(), 1..300),
-            max_records in 1usize..5,
-            threads in 1usize..4,
-        ) {
-            let mut pending = Pending::default();
-            let mut after = -1;
-            let mut next_offset = [0i64; 4];
-            // Per partition: the last offset handed to a batch that was processed.
-            let mut processed: [Option<i64>; 4] = [None; 4];
-            let mut running: Vec<(i32, Vec<OwnedRecord>)> = Vec::new();
-            for step in steps {
-                match step {
-                    Step::Poll(partition) => {
-                        pending.push(partition, record(next_offset[partition as usize]));
-                        next_offset[partition as usize] += 1;
-                    }
-                    Step::Start => {
-                        if running.len() < threads
-                            && let Some((partition, records)) = pending.next_batch(&mut after, max_records)
-                        {
-                            prop_assert!(!pending.running.contains(&partition), "partition {partition} twice");
-                            prop_assert!(!records.is_empty() && records.len() <= max_records);
-                            pending.running.insert(partition);
-                            running.push((partition, records));
-                        }
-                    }
-                    Step::Finish | Step::Gap | Step::Accept => {
-                        if running.is_empty() {
-                            continue;
-                        }
-                        let (partition, records) = running.remove(0);
-                        pending.running.remove(&partition);
-                        match step {
-                            Step::Finish => {
-                                for record in &records {
-                                    let last = &mut processed[partition as usize];
-                                    prop_assert!(
-                                        last.is_none_or(|last| record.offset == last + 1),
-                                        "partition {partition}: {} after {last:?}", record.offset
-                                    );
-                                    *last = Some(record.offset);
-                                }
-                            }
-                            Step::Gap => {
-                                // Read again from the first record not processed.
-                                pending.clear(partition);
-                                next_offset[partition as usize] =
-                                    processed[partition as usize].map_or(0, |last| last + 1);
-                            }
-                            _ => pending.put_back(partition, records),
-                        }
-                    }
-                }
-                let held: usize = pending.records.values().map(VecDeque::len).sum();
-                prop_assert_eq!(held, pending.total);
-            }
-        }
-    }
 
     #[test]
     fn a_gap_is_read_again_then_held_if_the_broker_deleted_records_in_it() {
