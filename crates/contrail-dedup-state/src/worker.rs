@@ -299,7 +299,10 @@ pub fn run(
             watch,
         };
         let result = driver.poll_loop(jobs.as_ref(), &done, &mut openers);
-        // Closing the job queues ends the processing and opener threads once their work is done.
+        // Closing the job queues ends the processing and opener threads once their work is done;
+        // the opens still queued are skipped (nothing is current any more), so a stop during a
+        // rebalance waits for the restores in progress only.
+        consumer.context().assignments.clear();
         drop(jobs);
         drop(openers);
         result
