@@ -148,8 +148,33 @@ pub(crate) async fn poll_once(
         page_span.record("last_lsn", document.last_lsn);
         let lag = (now_ms() / 1000 - document.last_ts).max(0) as f64;
         update_board(shared, &document, lag);
+        drop(document);
+        if items.len() < (page_size.get() as usize).div_ceil(2) {
+            // A page well short of the page size (a page the service cut for its size is not):
+            // this range is caught up. Reading on at once would cost one request per few changes
+            // under a steady trickle — each read of a feed costs at the service, and the local
+            // endpoint copies the whole partition per read — so the next page waits a poll
+            // interval and reads what arrived meanwhile as one batch.
+            wait_unless_stopped(poll_pause(shared), stop).await;
+        }
     }
     Ok(())
+}
+
+fn poll_pause(shared: &Shared) -> Duration {
+    Duration::from_millis(shared.config.leases.poll_interval_ms)
+}
+
+/// Sleeps `pause`, returning early once `stop` is set (checked every 50 ms).
+async fn wait_unless_stopped(pause: Duration, stop: &AtomicBool) {
+    let until = Instant::now() + pause;
+    while !stop.load(Ordering::Relaxed) {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return;
+        }
+        tokio::time::sleep(left.min(Duration::from_millis(50))).await;
+    }
 }
 
 /// Sets each change's `feed_range` to the physical range that holds its document. `_lsn` grows
