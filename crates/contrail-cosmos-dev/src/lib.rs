@@ -21,6 +21,7 @@
 
 pub mod auth;
 pub mod cli;
+pub mod feed_cache;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -77,6 +78,8 @@ struct DevState {
     /// Held from stamping a document write's `_lsn` until the emulator applied it, so writes are
     /// applied — and appear in the change feed — in `_lsn` order, as in the service.
     write_order: tokio::sync::Mutex<()>,
+    /// "Nothing new" answers to change feed reads, reused while their container is unchanged.
+    feeds: feed_cache::FeedCache,
 }
 
 /// Binds, prints the endpoint and serves until SIGINT/SIGTERM.
@@ -104,6 +107,7 @@ pub async fn serve(options: Options) -> anyhow::Result<()> {
         stats: Stats::default(),
         key: RwLock::new(key),
         write_order: tokio::sync::Mutex::new(()),
+        feeds: feed_cache::FeedCache::default(),
     });
     let app = Router::new()
         .route("/_dev/healthz", get(|| async { "ok\n" }))
@@ -143,6 +147,7 @@ async fn stats(State(state): State<Arc<DevState>>) -> impl IntoResponse {
         "writes": state.stats.writes.load(Ordering::Relaxed),
         "errors": state.stats.errors.load(Ordering::Relaxed),
         "lastLsn": state.lsn.load(Ordering::Relaxed),
+        "feedReadsAnsweredUnchanged": state.feeds.hits(),
     });
     axum::Json(body)
 }
@@ -166,8 +171,10 @@ async fn split(
         );
     };
     let store = state.emulator.store();
+    state.feeds.written(None);
     store.split_partition(db, coll, partition, std::time::Duration::from_millis(50));
     store.wait_for_split(db, coll, partition).await;
+    state.feeds.written(None);
     let children = store.child_partition_ids(db, coll, &[partition]);
     if children.is_empty() {
         return plain(
@@ -186,12 +193,7 @@ async fn split(
 /// (`PUT …/docs/{id}`). Queries (also `POST …/docs`) and batches carry other bodies.
 fn is_document_write(method: &http::Method, path: &str, headers: &http::HeaderMap) -> bool {
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
-    let is_query = headers
-        .get("x-ms-documentdb-isquery")
-        .is_some_and(|value| value.as_bytes().eq_ignore_ascii_case(b"true"))
-        || headers
-            .get(http::header::CONTENT_TYPE)
-            .is_some_and(|value| value.as_bytes().starts_with(b"application/query+json"));
+    let is_query = feed_cache::is_query(headers);
     let is_batch = headers.contains_key("x-ms-cosmos-is-batch-request");
     match *method {
         http::Method::POST => {
@@ -299,6 +301,18 @@ async fn forward(State(state): State<Arc<DevState>>, request: Request) -> Respon
             );
         }
     };
+    let container = feed_cache::container_of(parts.uri.path());
+    let feed_read =
+        feed_cache::is_change_feed_read(&parts.method, parts.uri.path(), &parts.headers).then(|| {
+            let question = feed_cache::question(path_and_query, &parts.headers);
+            let stamp = state.feeds.stamp(container.as_deref().unwrap_or_default());
+            (question, stamp)
+        });
+    if let Some((question, stamp)) = &feed_read
+        && let Some(headers) = state.feeds.answer(question, *stamp)
+    {
+        return not_modified(headers, parts.headers.get("x-ms-activity-id"));
+    }
     let mut core_request = azure_core::http::Request::new(url, method);
     for (name, value) in &parts.headers {
         if let Ok(value) = value.to_str() {
@@ -323,7 +337,12 @@ async fn forward(State(state): State<Arc<DevState>>, request: Request) -> Respon
         }
     }
     core_request.set_body(payload);
-    let response = match state.emulator.execute_request(&core_request).await {
+    let executed = state.emulator.execute_request(&core_request).await;
+    if !feed_cache::only_reads(&parts.method, &parts.headers) {
+        // Applied (or refused): answers computed before it may be stale.
+        state.feeds.written(container.as_deref());
+    }
+    let response = match executed {
         Ok(response) => response,
         Err(error) => {
             state.stats.errors.fetch_add(1, Ordering::Relaxed);
@@ -339,6 +358,16 @@ async fn forward(State(state): State<Arc<DevState>>, request: Request) -> Respon
     };
     let status = http::StatusCode::from_u16(u16::from(raw.status()))
         .unwrap_or(http::StatusCode::INTERNAL_SERVER_ERROR);
+    if let Some((question, stamp)) = feed_read
+        && status == http::StatusCode::NOT_MODIFIED
+    {
+        let headers = raw
+            .headers()
+            .iter()
+            .map(|(name, value)| (name.as_str().to_owned(), value.as_str().to_owned()))
+            .collect();
+        state.feeds.keep(question, stamp, headers);
+    }
     let mut builder = Response::builder().status(status);
     for (name, value) in raw.headers().iter() {
         // The body is re-framed by the server; hop-by-hop framing headers must not be copied.
@@ -352,6 +381,26 @@ async fn forward(State(state): State<Arc<DevState>>, request: Request) -> Respon
     let body: bytes::Bytes = raw.into_body().into();
     builder
         .body(Body::from(body))
+        .unwrap_or_else(|error| plain(http::StatusCode::INTERNAL_SERVER_ERROR, error.to_string()))
+}
+
+/// A kept "nothing new" answer, carrying this request's activity id as the emulator would.
+fn not_modified(headers: Vec<(String, String)>, activity_id: Option<&http::HeaderValue>) -> Response {
+    let mut builder = Response::builder().status(http::StatusCode::NOT_MODIFIED);
+    for (name, value) in headers {
+        if name.eq_ignore_ascii_case("content-length") || name.eq_ignore_ascii_case("transfer-encoding") {
+            continue;
+        }
+        if name.eq_ignore_ascii_case("x-ms-activity-id")
+            && let Some(activity_id) = activity_id
+        {
+            builder = builder.header(name, activity_id.clone());
+            continue;
+        }
+        builder = builder.header(name, value);
+    }
+    builder
+        .body(Body::empty())
         .unwrap_or_else(|error| plain(http::StatusCode::INTERNAL_SERVER_ERROR, error.to_string()))
 }
 
