@@ -29,6 +29,7 @@ pub(crate) async fn poll_once(
     range: &azure_data_cosmos::feed::FeedRange,
     range_text: &str,
     page_size: NonZeroU32,
+    poll: Duration,
 ) -> Result<(), ChangefeedError> {
     let (continuation, incarnation) = {
         let document = lease.lock().await;
@@ -155,14 +156,10 @@ pub(crate) async fn poll_once(
             // under a steady trickle — each read of a feed costs at the service, and the local
             // endpoint copies the whole partition per read — so the next page waits a poll
             // interval and reads what arrived meanwhile as one batch.
-            wait_unless_stopped(poll_pause(shared), stop).await;
+            wait_unless_stopped(poll, stop).await;
         }
     }
     Ok(())
-}
-
-fn poll_pause(shared: &Shared) -> Duration {
-    Duration::from_millis(shared.config.leases.poll_interval_ms)
 }
 
 /// Sleeps `pause`, returning early once `stop` is set (checked every 50 ms).

@@ -216,7 +216,7 @@ async fn process_lease(
             tokio::time::sleep(poll).await;
             continue;
         }
-        match poll_once(&shared, &lease, &stop, &range, &range_text, page_size).await {
+        match poll_once(&shared, &lease, &stop, &range, &range_text, page_size, poll).await {
             Ok(()) => {
                 failures = 0;
                 shared.outage.succeeded();

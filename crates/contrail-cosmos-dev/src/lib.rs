@@ -370,10 +370,7 @@ async fn forward(State(state): State<Arc<DevState>>, request: Request) -> Respon
     }
     let mut builder = Response::builder().status(status);
     for (name, value) in raw.headers().iter() {
-        // The body is re-framed by the server; hop-by-hop framing headers must not be copied.
-        if name.as_str().eq_ignore_ascii_case("content-length")
-            || name.as_str().eq_ignore_ascii_case("transfer-encoding")
-        {
+        if is_framing(name.as_str()) {
             continue;
         }
         builder = builder.header(name.as_str(), value.as_str());
@@ -384,11 +381,17 @@ async fn forward(State(state): State<Arc<DevState>>, request: Request) -> Respon
         .unwrap_or_else(|error| plain(http::StatusCode::INTERNAL_SERVER_ERROR, error.to_string()))
 }
 
+/// Whether a response header frames the body: the server re-frames what it sends, so these
+/// hop-by-hop headers of the emulator's response must not be copied.
+fn is_framing(name: &str) -> bool {
+    name.eq_ignore_ascii_case("content-length") || name.eq_ignore_ascii_case("transfer-encoding")
+}
+
 /// A kept "nothing new" answer, carrying this request's activity id as the emulator would.
 fn not_modified(headers: Vec<(String, String)>, activity_id: Option<&http::HeaderValue>) -> Response {
     let mut builder = Response::builder().status(http::StatusCode::NOT_MODIFIED);
     for (name, value) in headers {
-        if name.eq_ignore_ascii_case("content-length") || name.eq_ignore_ascii_case("transfer-encoding") {
+        if is_framing(&name) {
             continue;
         }
         if name.eq_ignore_ascii_case("x-ms-activity-id")
