@@ -1276,18 +1276,23 @@ fn replay_with_chaos_and_check(run: ChaosRun<'_>) -> serde_json::Value {
         "--acknowledged-out",
         acknowledged_path.to_str().expect("utf-8 path"),
     ]);
+    let started = std::time::Instant::now();
+    // Where a long run spends its time, in its output.
+    let phase = |name: &str| println!("[{:6.1} s] {name}", started.elapsed().as_secs_f64());
     let mut up = UpUnderTest::start(&dir, &args).expect("contrail up starts");
     // Ingest runs with authentication on: a request without the token is refused.
     up.wait_phase("the replay to start", Duration::from_secs(300), |phase| {
         phase == "replaying"
     })
     .expect("replaying");
+    phase("replaying");
     let ingest = format!("{}/v1/events", up.ingest_url());
     let unauthenticated = contrail_testkit::http_post(&ingest, "{}").expect("ingest answers");
     assert!(unauthenticated.starts_with("HTTP/1.1 401"), "{unauthenticated}");
     let summary = up.wait_summary(run.settle).expect("contrail up settles");
     let output = up.output();
     println!("{output}");
+    phase("settled");
     if let Some(check) = run.while_up {
         check(&up, &summary);
     }
@@ -1355,7 +1360,9 @@ fn replay_with_chaos_and_check(run: ChaosRun<'_>) -> serde_json::Value {
     )
     .expect("raw topic");
     let records = raw_records(&raw);
+    phase("the raw topic read");
     let expected = expect(&records, OracleRules::default());
+    phase("the expectation computed");
     assert!(
         expected.restarted.is_empty(),
         "no flight outlives its record: {:?}",
@@ -1466,16 +1473,12 @@ fn replay_with_chaos_and_check(run: ChaosRun<'_>) -> serde_json::Value {
     wanted.sort();
     assert_eq!(tailed, wanted, "contrail alerts tail --json");
     // The board's alerts panel lists the open ones: raised and not resolved.
+    let resolved: BTreeSet<&String> = expected.resolutions.iter().map(|(key, _, _)| key).collect();
     let open_expected: BTreeSet<String> = expected
         .alerts
         .iter()
         .map(|(key, _)| key.clone())
-        .filter(|key| {
-            !expected
-                .resolutions
-                .iter()
-                .any(|(resolved, _, _)| resolved == key)
-        })
+        .filter(|key| !resolved.contains(key))
         .collect();
     let board_alerts = board_json(&format!("{}api/alerts", up.board_url())).expect("the board answers");
     let open_on_board: BTreeSet<String> = board_alerts["open"]
@@ -1490,6 +1493,7 @@ fn replay_with_chaos_and_check(run: ChaosRun<'_>) -> serde_json::Value {
         expected.alerts.len(),
         expected.resolutions.len()
     );
+    phase("alerts checked");
     let mut dlq = TopicReader::open(&brokers, "ops.events.dlq").expect("dead-letter topic");
     dlq.poll_for(Duration::from_secs(3)).expect("read");
     assert!(
@@ -1540,6 +1544,7 @@ fn replay_with_chaos_and_check(run: ChaosRun<'_>) -> serde_json::Value {
         &problems[..problems.len().min(3)]
     );
 
+    phase("Cosmos checked");
     // The change topic: every flight's final version reached it; read it for serving_changes.
     let change_ends =
         quiescent_ends(&brokers, "ops.flights.changes", Duration::from_secs(3)).expect("change ends");
@@ -1617,6 +1622,7 @@ fn replay_with_chaos_and_check(run: ChaosRun<'_>) -> serde_json::Value {
         },
     )
     .expect("independent reader");
+    phase("Delta checked");
     for (table, report) in &reports {
         println!("{table}: {report:?}");
         assert_eq!(report.missing, 0, "{table}: missing {:?}", report.missing_sample);
@@ -1640,6 +1646,7 @@ fn replay_with_chaos_and_check(run: ChaosRun<'_>) -> serde_json::Value {
         "contrail up exited with {status}:\n{}",
         up.output()
     );
+    phase("stopped");
     summary
 }
 
