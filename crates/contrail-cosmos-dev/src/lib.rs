@@ -122,23 +122,43 @@ pub async fn serve(options: Options) -> anyhow::Result<()> {
     }
     tracing::info!(endpoint = %base, region = %options.region, "cosmos-dev serving the in-memory emulator");
     println!("cosmos-dev listening on {base}");
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async {
-            let interrupt = tokio::signal::ctrl_c();
-            #[cfg(unix)]
-            {
-                let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                {
-                    Ok(term) => term,
-                    Err(_) => return std::future::pending().await,
-                };
-                tokio::select! { _ = interrupt => {}, _ = term.recv() => {} }
-            }
-            #[cfg(not(unix))]
-            let _ = interrupt.await;
-        })
-        .await
-        .context("serve")
+    let stopping = Arc::new(tokio::sync::Notify::new());
+    let signalled = Arc::clone(&stopping);
+    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+        shutdown_signal().await;
+        signalled.notify_one();
+    });
+    // A graceful shutdown waits for every connection to close, and a client that stays up (the
+    // board of `contrail up`) keeps its connections open: after the grace, exit anyway — the
+    // store is in memory, there is nothing to flush.
+    tokio::select! {
+        result = server => result.context("serve"),
+        () = async {
+            stopping.notified().await;
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+        } => {
+            tracing::info!(grace = ?SHUTDOWN_GRACE, "connections still open after the signal: exiting");
+            Ok(())
+        }
+    }
+}
+
+/// How long requests in flight have to finish after SIGINT/SIGTERM.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// SIGINT, or SIGTERM on Unix.
+async fn shutdown_signal() {
+    let interrupt = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(term) => term,
+            Err(_) => return std::future::pending().await,
+        };
+        tokio::select! { _ = interrupt => {}, _ = term.recv() => {} }
+    }
+    #[cfg(not(unix))]
+    let _ = interrupt.await;
 }
 
 async fn stats(State(state): State<Arc<DevState>>) -> impl IntoResponse {

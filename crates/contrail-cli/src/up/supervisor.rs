@@ -53,6 +53,9 @@ impl Platform {
                 eprintln!("{} did not stop within 30 s of SIGTERM: killed", stage.name);
             }
         }
+        // Both at once: the broker takes ≈ 2 s to exit, and neither waits for the other.
+        crate::platform::send_signal(self.cosmos.pid(), libc::SIGTERM);
+        crate::platform::send_signal(self.broker.pid(), libc::SIGTERM);
         self.cosmos.stop(Duration::from_secs(5));
         self.broker.stop(Duration::from_secs(5));
     }
