@@ -6,7 +6,9 @@
 //! And the packages the dev profile builds at opt-level 0 to save build time run only while
 //! building: none of them is linked into a binary the tests and `contrail up` run.
 //! Every clone of the same sources shares one build (scripts/tree_mtimes.py): nothing compiled
-//! may carry the path of the clone it was compiled in.
+//! may carry the path of the clone it was compiled in. The images' build of the stages (and CI's
+//! lint of it) differs from the workspace's only in the test-only features, so it checks a few
+//! crates again, not every dependency.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -20,9 +22,15 @@ fn workspace_root() -> PathBuf {
 /// normal,build,dev`, what `--all-targets` builds) or without (`--edges normal,build`, what
 /// `--bins` builds) dev-dependencies.
 fn resolved(edges: &str) -> BTreeMap<String, BTreeSet<String>> {
+    resolved_for(&["--workspace"], edges)
+}
+
+/// The same for the packages and feature flags in `selection` (`-p …`, `--no-default-features`).
+fn resolved_for(selection: &[&str], edges: &str) -> BTreeMap<String, BTreeSet<String>> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
     let output = Command::new(&cargo)
-        .args(["tree", "--workspace", "--offline", "--locked", "--prefix", "none"])
+        .args(["tree", "--offline", "--locked", "--prefix", "none"])
+        .args(selection)
         .args(["--edges", edges, "--format", "{p}|{f}"])
         .current_dir(workspace_root())
         .output()
@@ -82,6 +90,95 @@ fn the_binaries_build_resolves_the_same_features_as_the_tests_build() {
         differing.is_empty(),
         "these packages would build twice (once for `--bins`, once for `--all-targets`); name the \
          features in the workspace's [workspace.dependencies]: {differing:#?}"
+    );
+}
+
+/// The arguments of each `cargo build` in the Dockerfile (continuation lines joined), and of CI's
+/// lint of the images' feature sets (`cargo clippy … --bins`, before the `--` of clippy's flags).
+fn invocations(file: &str, command: &str) -> Vec<Vec<String>> {
+    let text = std::fs::read_to_string(workspace_root().join(file)).expect(file);
+    let joined = text.replace("\\\n", " ");
+    joined
+        .lines()
+        .filter_map(|line| line.split_once(command).map(|(_, rest)| rest))
+        .map(|rest| {
+            let rest = rest.split("&&").next().unwrap_or_default();
+            let rest = rest.split(" -- ").next().unwrap_or_default();
+            rest.split_whitespace().map(str::to_owned).collect()
+        })
+        .collect()
+}
+
+/// `-p` packages and feature flags of an invocation (what `cargo tree` needs to resolve it).
+fn selection(args: &[String]) -> Vec<String> {
+    let mut selection = Vec::new();
+    for (index, arg) in args.iter().enumerate() {
+        if arg == "-p" {
+            selection.push(arg.clone());
+            selection.push(args.get(index + 1).cloned().unwrap_or_default());
+        }
+        if arg == "--no-default-features" || arg == "--all-features" {
+            selection.push(arg.clone());
+        }
+    }
+    selection
+}
+
+/// The images' build of the stages (and CI's lint of it) differs from the workspace build only in
+/// the test-only features: every other dependency resolves the same features, so it reuses the
+/// workspace's artifacts instead of building (or, for the lint, checking) a second time.
+#[test]
+fn the_images_build_resolves_the_workspace_features_but_the_test_only_ones() {
+    let all = resolved("normal,build,dev");
+    let builds = invocations("deploy/docker/Dockerfile", "cargo build ");
+    let stages: Vec<Vec<String>> = builds
+        .iter()
+        .map(|args| selection(args))
+        .filter(|selection| !selection.iter().any(|arg| arg == "contrail-cosmos-dev"))
+        .collect();
+    assert_eq!(
+        stages.len(),
+        1,
+        "the Dockerfile should build the stages in one invocation (and cosmos-dev in its own): {builds:?}"
+    );
+    let lints: Vec<Vec<String>> = invocations(".ci/run", "cargo clippy ")
+        .iter()
+        .map(|args| selection(args))
+        .filter(|selection| selection.iter().any(|arg| arg == "--no-default-features"))
+        .collect();
+    assert_eq!(
+        lints, stages,
+        "CI lints another set of packages or flags than the Dockerfile builds"
+    );
+    // Test-only features (tests/python/check_deploy.py keeps them out of the images), and the
+    // driver's `default`, which only cosmos-dev asks for.
+    let test_only = ["fault_injection", "__internal_in_memory_emulator", "default"];
+    let selection: Vec<&str> = stages[0].iter().map(String::as_str).collect();
+    let image = resolved_for(&selection, "normal,build");
+    let differing: Vec<String> = image
+        .iter()
+        .filter(|(id, _)| !id.starts_with("contrail"))
+        .filter_map(|(id, features)| {
+            let workspace = all.get(id).filter(|workspace| *workspace != features)?;
+            let only_in_workspace: Vec<&String> = workspace.difference(features).collect();
+            let only_in_image: Vec<&String> = features.difference(workspace).collect();
+            let allowed = only_in_image.is_empty()
+                && id.starts_with("azure_data_cosmos")
+                && only_in_workspace
+                    .iter()
+                    .all(|feature| test_only.contains(&feature.as_str()));
+            (!allowed).then(|| {
+                format!(
+                    "{id}: only in the workspace {only_in_workspace:?}, only in the images {only_in_image:?}"
+                )
+            })
+        })
+        .collect();
+    assert!(
+        image.len() > 300 && differing.is_empty(),
+        "the images' build ({selection:?}, {} packages) would build these packages a second time; \
+         name their features in [workspace.dependencies] (as the feature pins there): {differing:#?}",
+        image.len()
     );
 }
 
