@@ -6,6 +6,7 @@ mod auth;
 mod build_sharing;
 mod changefeed_sync;
 mod contrail_up;
+mod cosmos_dev;
 mod cosmos_writer;
 mod dedup_state;
 mod delta_archiver;
