@@ -5,10 +5,11 @@
 //!
 //! The rebalance callback only assigns and pauses the partitions and records them here
 //! ([`Assignments`]), each assignment of a partition with a generation of its own. The polling
-//! thread hands them to the opener threads ([`Openers`]); a shard opened for a generation that
-//! is no longer current (revoked, or revoked and assigned again meanwhile) is closed unowned. One
-//! partition is opened by one thread at a time (its directory is one RocksDB instance): a new
-//! assignment of a partition still being opened waits for that open to end ([`OpenBook`]).
+//! thread hands them to the opener threads ([`Openers`]); the open of a generation that is no
+//! longer current (revoked, or revoked and assigned again meanwhile) is given up on the way, or
+//! the shard closed unowned if it was open already. One partition is opened by one thread at a
+//! time (its directory is one RocksDB instance): a new assignment of a partition still being
+//! opened waits for that open to end ([`OpenBook`]).
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -118,7 +119,8 @@ impl OpenBook {
     }
 }
 
-/// What an opener thread did with a job (`None`: skipped, no longer current when it started).
+/// What an opener thread did with a job (`None`: given up, its assignment was revoked before or
+/// while it opened).
 struct OpenDone {
     partition: i32,
     generation: u64,
@@ -158,9 +160,14 @@ impl Openers {
                             Err(_) => return,
                         };
                         let Ok((partition, generation)) = job else { return };
-                        let result = assignments
-                            .is_current(partition, generation)
-                            .then(|| shards.prepare(partition));
+                        let revoked = || !assignments.is_current(partition, generation);
+                        let result = shards.prepare(partition, &revoked).transpose();
+                        if result.is_none() {
+                            tracing::info!(
+                                partition,
+                                "shard not opened: its assignment was revoked meanwhile"
+                            );
+                        }
                         let done = OpenDone {
                             partition,
                             generation,

@@ -289,13 +289,22 @@ impl ShardSet {
     /// Opens the shard of `partition` — reopened from the local directory, restored from the newest
     /// complete checkpoint, or empty — and reads its outbox, without owning it yet: the slow part
     /// of an assignment (a restore downloads and opens the whole state), run off the polling
-    /// thread so the consumer keeps serving the group meanwhile ([`crate::opening`]).
-    pub(crate) fn prepare(&self, partition: i32) -> Result<Opened, StateError> {
+    /// thread so the consumer keeps serving the group meanwhile ([`crate::opening`]). Gives up
+    /// (`Ok(None)`) as soon as `give_up` says so: asked before a download and while the shard's
+    /// timers load, the long parts.
+    pub(crate) fn prepare(
+        &self,
+        partition: i32,
+        give_up: &dyn Fn() -> bool,
+    ) -> Result<Option<Opened>, StateError> {
         let started = Instant::now();
         let dir = self.shard_dir(partition);
+        let memory = Some(&self.processing.memory);
         let mut local_shard = None;
         let local = if dir.join("CURRENT").exists() {
-            let shard = Shard::open_in(&dir, partition, Some(&self.processing.memory))?;
+            let Some(shard) = Shard::open_unless(&dir, partition, memory, give_up)? else {
+                return Ok(None);
+            };
             let next_offset = shard.progress().next_offset;
             local_shard = Some(shard);
             LocalShard::Present { next_offset }
@@ -321,6 +330,9 @@ impl ShardSet {
                         message: error.to_string(),
                     })?;
                 }
+                if give_up() {
+                    return Ok(None);
+                }
                 tracing::info!(partition, epoch, "restoring the shard from the checkpoint store");
                 self.runtime
                     .block_on(self.store.download_shard(&checkpoint, &dir))?;
@@ -338,7 +350,10 @@ impl ShardSet {
         };
         let shard = match local_shard {
             Some(shard) => shard,
-            None => Shard::open_in(&dir, partition, Some(&self.processing.memory))?,
+            None => match Shard::open_unless(&dir, partition, memory, give_up)? {
+                Some(shard) => shard,
+                None => return Ok(None),
+            },
         };
         let outbox = shard.outbox()?;
         tracing::info!(
@@ -348,12 +363,12 @@ impl ShardSet {
             elapsed_ms = started.elapsed().as_millis() as u64,
             "shard prepared"
         );
-        Ok(Opened {
+        Ok(Some(Opened {
             partition,
             shard,
             origin,
             outbox,
-        })
+        }))
     }
 
     /// Owns a shard [`ShardSet::prepare`] opened: queues its outbox for re-sending (before any new

@@ -244,6 +244,64 @@ fn timers_fire_in_event_time_order_when_the_watermark_passes_and_ttl_evicts() {
     assert!(sum_of(&shard, "c").is_some());
 }
 
+/// Opening a large shard is mostly loading its timers; an open given up meanwhile (the shard's
+/// assignment was revoked) stops there, writes nothing, and a later open has every timer.
+#[test]
+fn an_open_given_up_while_its_timers_load_writes_nothing_and_a_later_open_fires_every_timer() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("s");
+    let never_opened = dir.path().join("never");
+    assert!(
+        Shard::open_unless(&never_opened, 0, None, &|| true)
+            .expect("open")
+            .is_none()
+            && !never_opened.exists(),
+        "given up before it starts: no directory made"
+    );
+    let keys = 3 * contrail_state::GIVE_UP_EVERY + 7;
+    {
+        let mut shard = Shard::open(&path, 0).expect("open");
+        let inputs: Vec<(String, String)> = (0..keys).map(|n| (format!("k{n}"), "0,1".to_owned())).collect();
+        let inputs: Vec<(&str, String)> = inputs
+            .iter()
+            .map(|(key, payload)| (key.as_str(), payload.clone()))
+            .collect();
+        run(&mut shard, &records(&inputs), 0);
+    }
+    let asked = std::cell::Cell::new(0);
+    let opened = Shard::open_unless(&path, 0, None, &|| {
+        asked.set(asked.get() + 1);
+        asked.get() == 3
+    })
+    .expect("open");
+    assert!(opened.is_none(), "given up at the third question");
+    assert_eq!(
+        asked.get(),
+        3,
+        "asked before the open and every GIVE_UP_EVERY timers"
+    );
+
+    let mut shard = Shard::open_unless(&path, 0, None, &|| false)
+        .expect("open")
+        .expect("not given up");
+    assert_eq!(shard.progress().next_offset, Some(keys as i64));
+    // Watermark 100 - 10 min passes every key's timer (5 min): each fires once.
+    let outputs = run(&mut shard, &records(&[("late", "100,1".into())]), keys as i64);
+    let mut fired: Vec<String> = outputs
+        .into_iter()
+        .filter(|(topic, _, _)| topic == "fired")
+        .map(|(_, key, _)| key)
+        .collect();
+    assert_eq!(
+        fired.len(),
+        keys,
+        "one timer fired per key after the given-up open"
+    );
+    fired.sort_unstable();
+    fired.dedup();
+    assert_eq!(fired.len(), keys, "every key's timer fired, none twice");
+}
+
 #[test]
 fn dedup_entries_expire_after_their_ttl() {
     let dir = tempfile::tempdir().expect("tempdir");

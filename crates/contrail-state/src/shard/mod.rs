@@ -37,6 +37,9 @@ const META_MAX_EVENT_TIME: &[u8] = b"max_event_time_us";
 /// The next outbox sequence number: persisted so that numbers are never reused, even after the
 /// outbox drained (a late delivery report can then never acknowledge a newer output).
 const META_NEXT_SEQUENCE: &[u8] = b"next_outbox_sequence";
+/// How many timers [`Shard::open_unless`] loads between two questions whether to give up (a
+/// million timers load in seconds: a question every few milliseconds).
+pub const GIVE_UP_EVERY: usize = 4096;
 
 /// What a shard knows about its progress.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,6 +80,24 @@ impl Shard {
     /// Opens (or creates) the shard of `partition` at `path`; with `memory`, its block cache and
     /// memtables come out of that shared budget.
     pub fn open_in(path: &Path, partition: i32, memory: Option<&StorageMemory>) -> Result<Shard, StateError> {
+        Shard::open_unless(path, partition, memory, &|| false)?.ok_or_else(|| StateError::Storage {
+            path: path.display().to_string(),
+            message: "the open was given up".to_owned(),
+        })
+    }
+
+    /// [`Shard::open_in`] that gives up (`Ok(None)`, nothing written) as soon as `give_up` says so
+    /// — asked before the open and every [`GIVE_UP_EVERY`] timers while the timer index loads, the
+    /// long part of opening a large shard (a shard whose assignment was revoked meanwhile).
+    pub fn open_unless(
+        path: &Path,
+        partition: i32,
+        memory: Option<&StorageMemory>,
+        give_up: &dyn Fn() -> bool,
+    ) -> Result<Option<Shard>, StateError> {
+        if give_up() {
+            return Ok(None);
+        }
         let descriptors = cf::ALL
             .iter()
             .map(|name| ColumnFamilyDescriptor::new(*name, options(memory)));
@@ -109,10 +130,14 @@ impl Shard {
             .flatten()
             .unwrap_or(0);
         shard.timers = TimerIndex::with_key_capacity(usize::try_from(timers / 2).unwrap_or(0));
-        for item in shard
+        for (loaded, item) in shard
             .db
             .iterator_cf(shard.handle(cf::TIMERS_BY_TIME)?, IteratorMode::Start)
+            .enumerate()
         {
+            if loaded % GIVE_UP_EVERY == GIVE_UP_EVERY - 1 && give_up() {
+                return Ok(None);
+            }
             let (bytes, _) = item.map_err(|error| shard.storage_error(error))?;
             let (fire_at_us, domain, key, name) =
                 decode_by_time(&bytes).ok_or_else(|| StateError::Corrupt {
@@ -139,7 +164,7 @@ impl Shard {
             .read_meta(META_NEXT_SEQUENCE)?
             .map_or(0, |sequence| sequence as u64);
         shard.next_outbox_sequence = shard.next_outbox_sequence.max(persisted);
-        Ok(shard)
+        Ok(Some(shard))
     }
 
     /// The input partition this shard holds.
