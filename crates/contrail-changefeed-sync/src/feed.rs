@@ -18,7 +18,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use crate::change::serving_change;
 use crate::error::ChangefeedError;
 use crate::lease::{OwnedLease, change_label, now_ms};
-use crate::processor::{Shared, update_board};
+use crate::shared::{Shared, update_board};
 
 /// One poll: pages from the stored continuation until caught up; each page published and
 /// acknowledged before its continuation is stored.

@@ -27,6 +27,7 @@ mod feed;
 pub mod lease;
 pub mod metrics;
 mod processor;
+mod shared;
 mod status;
 
 use std::collections::BTreeMap;
@@ -44,7 +45,8 @@ pub use error::ChangefeedError;
 
 use crate::lease::LeaseStore;
 use crate::metrics::ChangefeedMetrics;
-use crate::processor::{Running, Shared, maintain, release_all};
+use crate::processor::{Running, maintain, release_all};
+use crate::shared::Shared;
 use crate::status::{LeaseBoard, SyncStatus};
 
 /// The change topic's producer: idempotent and without a delivery timeout, so a page's changes

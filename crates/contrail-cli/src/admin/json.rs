@@ -4,7 +4,7 @@ use anyhow::Result;
 use contrail_proto::admin::v1 as admin;
 use serde_json::{Value, json};
 
-use super::render::format_micros;
+use super::fields::{format_micros, parse_state, total_lag};
 use super::target::{Stage, Target};
 
 /// One stage's line of `status --json` without a stage.
@@ -49,15 +49,6 @@ pub(super) fn with_fields(target: &Target, answer: Value) -> Value {
         fields.extend(answer_fields);
     }
     Value::Object(fields)
-}
-
-/// Lag summed over the partitions that report one (a negative lag means "not known yet").
-pub(super) fn total_lag(status: &admin::StatusResponse) -> i64 {
-    status
-        .partitions
-        .iter()
-        .map(|partition| partition.lag.max(0))
-        .fold(0_i64, i64::saturating_add)
 }
 
 /// Every field of a `StatusResponse`, plus the partition count and total lag.
@@ -174,14 +165,6 @@ pub(super) fn key_state_json(key: &str, response: &admin::ReadKeyStateResponse) 
         "dedup_event_ids": response.dedup_event_ids,
         "timers": timers,
     })
-}
-
-/// The state document as JSON: null when empty, the raw text when it does not parse.
-pub(super) fn parse_state(state_json: &str) -> Value {
-    if state_json.trim().is_empty() {
-        return Value::Null;
-    }
-    serde_json::from_str(state_json).unwrap_or_else(|_| Value::String(state_json.to_owned()))
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@
 //! tables; `--json` prints one JSON object per stage on one line each, for scripts and `jq`.
 //! The bearer token is sent as `authorization` metadata and never printed.
 
+mod fields;
 mod json;
 mod render;
 mod session;
@@ -21,9 +22,8 @@ use contrail_proto::admin::v1 as admin;
 use serde_json::json;
 use tonic::metadata::AsciiMetadataValue;
 
-use self::json::{
-    checkpoint_json, gap_json, key_state_json, status_json, summary_json, total_lag, with_fields,
-};
+use self::fields::total_lag;
+use self::json::{checkpoint_json, gap_json, key_state_json, status_json, summary_json, with_fields};
 use self::render::{format_uptime, render_checkpoints, render_key_state, render_status, yes_no};
 use self::session::{AdminSession, AdminToken};
 use self::table::{Align, Table};

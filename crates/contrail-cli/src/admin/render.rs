@@ -4,7 +4,7 @@ use chrono::{DateTime, SecondsFormat};
 use contrail_proto::admin::v1 as admin;
 use serde_json::Value;
 
-use super::json::{parse_state, total_lag};
+use super::fields::{format_micros, parse_state, total_lag};
 use super::table::{Align, Table};
 use super::target::Target;
 
@@ -290,14 +290,6 @@ pub(super) fn format_number(value: f64) -> String {
     } else {
         value.to_string()
     }
-}
-
-/// RFC 3339 (UTC) of microseconds since the Unix epoch.
-pub(super) fn format_micros(micros: i64) -> String {
-    DateTime::from_timestamp_micros(micros).map_or_else(
-        || format!("{micros} µs (out of range)"),
-        |time| time.to_rfc3339_opts(SecondsFormat::AutoSi, true),
-    )
 }
 
 /// RFC 3339 (UTC) of seconds since the Unix epoch; `-` for 0 ("none yet").
