@@ -83,6 +83,11 @@ pub struct BoardMeta {
     pub status: Value,
 }
 
+/// What the board shows the platform doing (before a run's context exists, too).
+pub(crate) async fn set_phase(meta: &RwLock<BoardMeta>, phase: &str) {
+    meta.write().await.phase = phase.to_owned();
+}
+
 /// Shared state of the board. It serves from the moment it is bound; until its stores are
 /// [`Board::attach`]ed (under `contrail up`, once the platform runs) the data routes answer `503`
 /// with the platform's phase.

@@ -22,16 +22,26 @@ pub struct Feed {
     pub flights: usize,
 }
 
+/// (flight key, event id) of an event in the ingest format (DESIGN §2.1).
+pub fn identity(event: &serde_json::Value) -> (String, String) {
+    let flight = &event["flight"];
+    let key = format!(
+        "{}{}-{}-{}",
+        flight["carrier"].as_str().unwrap_or_default(),
+        flight["number"].as_u64().unwrap_or_default(),
+        flight["date"].as_str().unwrap_or_default(),
+        flight["origin"].as_str().unwrap_or_default()
+    );
+    (key, event["event_id"].as_str().unwrap_or_default().to_owned())
+}
+
 /// Reads the feed at `path` off the async runtime's threads.
 pub async fn load(path: &Path) -> Result<Feed> {
     let path = path.to_owned();
     let events = tokio::task::spawn_blocking(move || read_feed(&path))
         .await
         .context("reading the feed")??;
-    let flights: std::collections::HashSet<String> = events
-        .iter()
-        .map(|event| crate::replay::identity(event).0)
-        .collect();
+    let flights: std::collections::HashSet<String> = events.iter().map(|event| identity(event).0).collect();
     Ok(Feed {
         flights: flights.len(),
         events,

@@ -10,6 +10,8 @@ use clap::Args;
 use contrail_flightdata::{FlightData, ReplayConfig, ReplayStream};
 use indicatif::{ProgressBar, ProgressStyle};
 
+use crate::input::identity;
+
 /// Options of `contrail replay`.
 #[derive(Args, Debug, Clone)]
 pub struct ReplayArgs {
@@ -327,19 +329,6 @@ pub async fn post(
     totals.events = events;
     totals.elapsed = started.elapsed();
     Ok(totals)
-}
-
-/// (flight key, event id) of an event in the ingest format (DESIGN §2.1).
-pub fn identity(event: &serde_json::Value) -> (String, String) {
-    let flight = &event["flight"];
-    let key = format!(
-        "{}{}-{}-{}",
-        flight["carrier"].as_str().unwrap_or_default(),
-        flight["number"].as_u64().unwrap_or_default(),
-        flight["date"].as_str().unwrap_or_default(),
-        flight["origin"].as_str().unwrap_or_default()
-    );
-    (key, event["event_id"].as_str().unwrap_or_default().to_owned())
 }
 
 /// The lane of an event: a stable hash of its flight reference (carrier, number, origin, date).

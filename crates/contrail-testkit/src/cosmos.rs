@@ -476,7 +476,7 @@ impl CosmosStage {
         records: usize,
         timeout: Duration,
     ) -> Result<()> {
-        let ends = crate::delta::topic_ends(brokers, topic, records)?
+        let ends = crate::topic::topic_ends(brokers, topic, records)?
             .into_iter()
             .map(|(partition, end)| ((topic.to_owned(), partition), end))
             .collect();

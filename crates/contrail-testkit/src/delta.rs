@@ -15,6 +15,7 @@ use prost::Message as _;
 use rdkafka::producer::Producer as _;
 
 use crate::cosmos::curated_stream;
+pub use crate::topic::topic_ends;
 
 /// A topic's records as `(key, payload)`, under the name of the table they feed.
 pub type TableRecords = (&'static str, Vec<(String, Vec<u8>)>);
@@ -264,22 +265,6 @@ pub fn produce_with_redeliveries(
     }
     producer.flush(Duration::from_secs(60)).context("flush")?;
     Ok(copies)
-}
-
-/// The end offset of every partition of `topic`, read from the topic (`records` = how many it
-/// holds; the local broker's high watermarks are not trusted, see `CosmosStage::wait_committed`).
-pub fn topic_ends(brokers: &str, topic: &str, records: usize) -> Result<BTreeMap<i32, i64>> {
-    let messages = crate::read_topic(brokers, topic, records, Duration::from_secs(180))?;
-    if messages.len() < records {
-        bail!("{topic} holds {} records, expected {records}", messages.len());
-    }
-    let mut ends = BTreeMap::new();
-    for message in &messages {
-        use rdkafka::Message as _;
-        let end = ends.entry(message.partition()).or_insert(0);
-        *end = (*end).max(message.offset() + 1);
-    }
-    Ok(ends)
 }
 
 /// What the independent reader found in one table.

@@ -448,3 +448,19 @@ pub fn send_waiting(
         }
     }
 }
+
+/// The end offset of every partition of `topic`, read from the topic (`records` = how many it
+/// holds; the local broker's high watermarks are not trusted, see `CosmosStage::wait_committed`).
+pub fn topic_ends(brokers: &str, topic: &str, records: usize) -> Result<BTreeMap<i32, i64>> {
+    let messages = read_topic(brokers, topic, records, Duration::from_secs(180))?;
+    if messages.len() < records {
+        bail!("{topic} holds {} records, expected {records}", messages.len());
+    }
+    let mut ends = BTreeMap::new();
+    for message in &messages {
+        use rdkafka::Message as _;
+        let end = ends.entry(message.partition()).or_insert(0);
+        *end = (*end).max(message.offset() + 1);
+    }
+    Ok(ends)
+}

@@ -81,7 +81,7 @@ impl Up {
 
     /// What the board shows the platform doing.
     pub(super) async fn set_phase(&self, phase: &str) {
-        set_phase(&self.meta, phase).await;
+        crate::board::set_phase(&self.meta, phase).await;
     }
 
     /// Whether the run is over.
@@ -98,9 +98,4 @@ pub(super) fn say(multi: &MultiProgress, line: impl Into<String>) {
     } else {
         let _ = multi.println(line);
     }
-}
-
-/// What the board shows the platform doing (before a run's context exists, too).
-pub(super) async fn set_phase(meta: &RwLock<BoardMeta>, phase: &str) {
-    meta.write().await.phase = phase.to_owned();
 }

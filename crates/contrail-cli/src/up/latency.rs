@@ -61,7 +61,7 @@ impl CosmosSampler {
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
             for event in batch {
-                let (key, _) = crate::replay::identity(event);
+                let (key, _) = crate::input::identity(event);
                 if seen.contains(&key) {
                     continue;
                 }

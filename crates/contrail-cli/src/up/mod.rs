@@ -10,6 +10,7 @@
 mod chaos;
 mod context;
 mod latency;
+mod revive;
 mod settle;
 mod status;
 mod summary;
@@ -26,7 +27,8 @@ use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use serde_json::{Value, json};
 use tokio::sync::RwLock;
 
-use self::context::{Milestones, SharedPlatform, Up, set_phase};
+use self::context::{Milestones, SharedPlatform, Up};
+use crate::board::set_phase;
 use crate::board::{Board, BoardMeta};
 use crate::platform::{Ports, STAGES, Scale, StageSpec};
 use crate::replay::{Deliveries, FeedArgs, Target};
@@ -362,7 +364,7 @@ impl Run<'_> {
             }
         ));
 
-        let supervisor = supervisor::spawn(up.clone());
+        let supervisor = revive::spawn(up.clone());
         let chaos = args.chaos.then(|| {
             chaos::spawn(
                 up.clone(),
