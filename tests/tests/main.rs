@@ -17,5 +17,6 @@ mod ingest_api;
 mod ingest_resilience;
 mod large_restore;
 mod layering;
+mod module_loops;
 mod poison;
 mod replay_cli;
