@@ -20,3 +20,4 @@ mod layering;
 mod module_loops;
 mod poison;
 mod replay_cli;
+mod stage_catalog;
