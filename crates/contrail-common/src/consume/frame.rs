@@ -274,7 +274,6 @@ impl<'a> Frame<'a> {
         }
         if !self.unjudged.is_empty() && self.retry_at.is_none_or(|at| Instant::now() >= at) {
             let stored = effect.stored_positions(self.consumer, &self.unjudged).await?;
-            let mut started = TopicPartitionList::new();
             for (key, next) in stored {
                 if !self.unjudged.contains(&key) {
                     continue;
@@ -298,14 +297,9 @@ impl<'a> Frame<'a> {
                     accepted: None,
                 };
                 effect.start(&key, start).await?;
-                started.add_partition(&key.0, key.1);
-            }
-            // Resumed together, so their fetches start together: none waits behind the others'
-            // backlogs.
-            if started.count() > 0
-                && let Err(error) = self.consumer.resume(&started)
-            {
-                tracing::warn!(%error, "resuming the partitions started");
+                // Resumed at once: it fetches while the next partitions are judged (each judgement
+                // asks the broker for the partition's offsets, one round trip after the other).
+                self.set_paused(&key, false);
             }
             self.retry_at = (!self.unjudged.is_empty()).then(|| Instant::now() + RETRY_STORED);
         }
