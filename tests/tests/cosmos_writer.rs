@@ -137,7 +137,7 @@ fn injected_throttling_slows_writes_but_loses_nothing() {
     );
 }
 
-/// Two writers, one document per flight (issue 19): a flight states' deployment and a
+/// Two writers, one document per flight: a flight states' deployment and a
 /// predictions deployment (`input = "predictions"`) write the same documents at once — real
 /// curated states of three June days, and the knock-on predictions of their rotations (the
 /// testkit's, versions counting per flight, packed as the rotation processor packs them)

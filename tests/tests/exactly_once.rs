@@ -1,5 +1,6 @@
-//! Exactly-once outside the envelope of our own generators (DESIGN §3.5, §3.7, §4): feeds shaped
-//! the way real sources and real failures shape them.
+//! Exactly-once outside the envelope of our own generators (docs/CONTRACT.md, "Version",
+//! "Lifetime" and "Guarantees across restarts"): feeds shaped the way real sources and real
+//! failures shape them.
 //!
 //! - A correction for a flight days after its last event (its state expired) is late (`expired`):
 //!   the flight's versions never restart.
@@ -7,8 +8,9 @@
 //!   offsets: every Delta table still holds one row per identity.
 //! - Event ids unique per flight only: two flights' events with the same ids are all archived.
 //!
-//! Expectations come from the oracle of `contrail_testkit::dedup` (DESIGN §3 re-derived
-//! from the raw topic's records) and the tables are read by the independent reader.
+//! Expectations come from the oracle of `contrail_testkit::dedup` (docs/CONTRACT.md's
+//! "Processing in dedup-state" re-derived from the raw topic's records) and the tables are read
+//! by the independent reader.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -256,9 +258,10 @@ fn a_correction_days_after_a_flight_expired_is_late_and_its_versions_never_resta
     stage.process.terminate(Duration::from_secs(30)).expect("stops");
 }
 
-/// DESIGN §4: a shard whose volume is lost restores its newest checkpoint — here one taken long
-/// before — and regenerates every output since: more than 60,000 copies per topic partition,
-/// far beyond any window of offsets. The archiver keeps one row per identity in every table.
+/// A shard whose volume is lost restores its newest checkpoint (docs/CONTRACT.md, "Checkpoints")
+/// — here one taken long before — and regenerates every output since: more than 60,000 copies per
+/// topic partition, far beyond any window of offsets. The archiver keeps one row per identity in
+/// every table (docs/CONTRACT.md, "Exact de-duplication").
 #[test]
 fn a_shard_restored_from_an_old_checkpoint_leaves_one_row_per_identity_in_delta() {
     let broker = shared_broker();
@@ -326,9 +329,9 @@ fn a_shard_restored_from_an_old_checkpoint_leaves_one_row_per_identity_in_delta(
     }
 }
 
-/// DESIGN §2.1: ids are unique per flight only. Sources that number their events per flight
-/// ("1", "2", …) give two flights of one partition the same ids: every event of both is accepted
-/// and archived, while a redelivery of either is still a duplicate.
+/// Ids are unique per flight only (docs/CONTRACT.md, "Events"). Sources that number their events
+/// per flight ("1", "2", …) give two flights of one partition the same ids: every event of both is
+/// accepted and archived, while a redelivery of either is still a duplicate.
 #[test]
 fn events_of_two_flights_sharing_their_ids_are_all_archived() {
     let broker = shared_broker();

@@ -1,7 +1,7 @@
-//! No record stalls a partition, and no credential outage is taken for poison (issue: exactly-once
-//! outside the tested envelope). Every stage is fed a record larger than the broker's message
-//! limit (≈ 1 MB) between good ones: the good ones go through, the big one is answered or
-//! dead-lettered with its first bytes (a dead letter always fits), and the stage keeps running.
+//! No record stalls a partition, and no credential outage is taken for poison. Every stage is fed
+//! a record larger than the broker's message limit (≈ 1 MB) between good ones: the good ones go
+//! through, the big one is answered or dead-lettered with its first bytes (a dead letter always
+//! fits), and the stage keeps running.
 //! And a Cosmos DB key regenerated under a running writer is an outage: nothing is dead-lettered
 //! or committed until the new key is deployed, then every flight reaches its highest version.
 
@@ -360,10 +360,10 @@ fn changefeed_sync_publishes_a_document_too_large_for_a_message_without_its_json
     sync.process.terminate(Duration::from_secs(30)).expect("stops");
 }
 
-/// DESIGN §4 and the outage rule: the Cosmos DB account key is regenerated under a running
-/// cosmos-writer. Its writes are refused (401): it reports not ready and waits — nothing is
-/// dead-lettered, nothing committed. Redeployed with the new key, it writes every flight at
-/// its highest version, and the dead-letter topic stays empty.
+/// An outage, not poison (docs/CONTRACT.md, "Serving writes"): the Cosmos DB account key is
+/// regenerated under a running cosmos-writer. Its writes are refused (401): it reports not ready
+/// and waits — nothing is dead-lettered, nothing committed. Redeployed with the new key, it writes
+/// every flight at its highest version, and the dead-letter topic stays empty.
 #[test]
 fn a_regenerated_cosmos_key_is_an_outage_not_poison() {
     let broker = shared_broker();

@@ -60,7 +60,7 @@ struct Args {
     #[arg(long)]
     threads: Option<usize>,
     /// Start the latency phase with a cold producer (no warm-up record, no metadata look-up
-    /// before the first slice): what the phase measured before 2026-12-03.
+    /// before the first slice): what the phase measured before its producer was warmed up.
     #[arg(long)]
     cold_producer: bool,
 }
@@ -364,7 +364,7 @@ fn main() -> Result<()> {
     // One producer for the whole phase (a producer per slice would cost a connection each),
     // warmed up before the phase starts: its first records would otherwise wait for its
     // connection, producer id and the topic's metadata while their create-time stamps run.
-    // `--cold-producer`: created as the phase starts, as before 2026-12-03.
+    // `--cold-producer`: created as the phase starts, as before the warm-up was added.
     let warm = if args.cold_producer {
         None
     } else {

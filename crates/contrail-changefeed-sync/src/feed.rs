@@ -176,12 +176,12 @@ async fn wait_unless_stopped(pause: Duration, stop: &AtomicBool) {
 
 /// Sets each change's `feed_range` to the physical range that holds its document. `_lsn` grows
 /// within a physical partition, and delta-archiver keeps, per (topic partition, `feed_range`), the
-/// highest `_lsn` it archived, dropping anything at or below it (DESIGN §4). A lease's range keeps
-/// covering the children of a split, whose `_lsn` sequences interleave: labelled with the lease's
-/// range, a child's changes could fall below its sibling's and be taken for copies. A change whose
-/// `_lsn` is not above what this poll already published for its range means the routing map is
-/// stale (a split since it was read): it is read again and the change labelled anew. Changes of a
-/// replaced container carry its incarnation too ([`change_label`]).
+/// highest `_lsn` it archived, dropping anything at or below it (docs/CONTRACT.md, "Change feed").
+/// A lease's range keeps covering the children of a split, whose `_lsn` sequences interleave:
+/// labelled with the lease's range, a child's changes could fall below its sibling's and be taken
+/// for copies. A change whose `_lsn` is not above what this poll already published for its range
+/// means the routing map is stale (a split since it was read): it is read again and the change
+/// labelled anew. Changes of a replaced container carry its incarnation too ([`change_label`]).
 async fn label_physical_ranges(
     shared: &Shared,
     changes: &mut [ServingChange],

@@ -52,7 +52,8 @@ pub struct Lease {
     /// How many times the monitored container had been replaced (deleted and created again under
     /// the same name) when this lease was created: 0 for the first container. Its changes are
     /// labelled `<range>#<incarnation>` from the first replacement on, because a new container's
-    /// `_lsn` starts again and history would take them for copies of the old one's (DESIGN §4).
+    /// `_lsn` starts again and history would take them for copies of the old one's
+    /// (docs/CONTRACT.md, "Change feed").
     #[serde(default)]
     pub incarnation: u32,
     /// The document's ETag (system property; not written back).

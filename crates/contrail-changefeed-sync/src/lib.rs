@@ -1,5 +1,6 @@
-//! The `changefeed-sync` stage (DESIGN §4): the Cosmos DB change feed of `flights` onto
-//! `ops.flights.changes`, with a change feed processor of our own (the Rust SDK has none).
+//! The `changefeed-sync` stage (docs/CONTRACT.md, "Change feed"): the Cosmos DB change feed of
+//! `flights` onto `ops.flights.changes`, with a change feed processor of our own (the Rust SDK has
+//! none).
 //!
 //! - **Leases** ([`lease`]): one document per feed range in the `leases` container, created once
 //!   from the container's feed ranges. Owner, renewal time and continuation token; every update is
@@ -51,7 +52,7 @@ use crate::status::{LeaseBoard, SyncStatus};
 
 /// The change topic's producer: idempotent and without a delivery timeout, so a page's changes
 /// reach each topic partition in `_lsn` order (a timed-out change re-published behind newer ones
-/// would be taken for a copy downstream, DESIGN §4).
+/// would be taken for a copy downstream; docs/CONTRACT.md, "Change feed").
 fn producer(config: &ChangefeedSyncConfig) -> Result<FutureProducer, ChangefeedError> {
     let mut client = config.kafka.producer_config("changefeed-sync")?;
     client.set("message.timeout.ms", "0");

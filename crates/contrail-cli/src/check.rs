@@ -1,8 +1,9 @@
 //! The exactly-once checks of `contrail up`: what the stores hold, compared with what was sent
 //! and with each other. Pure: the caller reads the stores ([`crate::store`]).
 //!
-//! From the replay we know every distinct event sent, `(flight key, event id)`. DESIGN §3–§4 then
-//! require, whatever was killed: every sent event is accepted (`events`) or late (`late_events`);
+//! From the replay we know every distinct event sent, `(flight key, event id)`. The contract
+//! (docs/CONTRACT.md, "Processing in dedup-state" and "Guarantees across restarts") then
+//! requires, whatever was killed: every sent event is accepted (`events`) or late (`late_events`);
 //! `events` holds one row per event; `flight_states` holds versions 1..n of each flight, once
 //! each, where n is the number of its accepted events; the Cosmos document of each flight has
 //! version n; `serving_changes` holds each change `(id, _lsn)` once and has reached version n;

@@ -16,13 +16,13 @@ use serde_json::Value;
 
 /// A feed read from a file: its events in order, and how many flights they are about.
 pub struct Feed {
-    /// The events (the ingest format, DESIGN §2.1).
+    /// The events (the ingest format, docs/CONTRACT.md, "Events").
     pub events: Vec<Value>,
     /// Distinct flights among them.
     pub flights: usize,
 }
 
-/// (flight key, event id) of an event in the ingest format (DESIGN §2.1).
+/// (flight key, event id) of an event in the ingest format (docs/CONTRACT.md, "Events").
 pub fn identity(event: &serde_json::Value) -> (String, String) {
     let flight = &event["flight"];
     let key = format!(

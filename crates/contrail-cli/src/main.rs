@@ -1,6 +1,6 @@
 //! `contrail`: the command-line tool of the contrail platform. See the `contrail_cli` crate docs.
 
-/// mimalloc: ingest is allocation-heavy (JSON values per record); see docs/BENCHMARKS.md.
+/// mimalloc, as in every contrail binary (the stages are allocation-heavy; docs/BENCHMARKS.md).
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

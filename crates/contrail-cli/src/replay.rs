@@ -177,7 +177,7 @@ pub async fn run(args: ReplayArgs) -> Result<()> {
     Ok(())
 }
 
-/// Events to post, in arrival order (the ingest format, DESIGN §2.1).
+/// Events to post, in arrival order (the ingest format, docs/CONTRACT.md, "Events").
 pub type Deliveries = Box<dyn Iterator<Item = serde_json::Value> + Send>;
 
 /// The progress bar style of replays.
@@ -265,7 +265,8 @@ pub async fn post(
     // and each lane holds at most one round in its channel. Lanes therefore stay within about two
     // rounds of each other in feed time, also while one lane retries (ingest restarting): lanes
     // running apart by days of event time would push a partition's watermark past the state
-    // lifetime of the flights in the lane behind (DESIGN §3.7), which a real feed does not do.
+    // lifetime of the flights in the lane behind (docs/CONTRACT.md, "Lifetime"), which a real
+    // feed does not do.
     let feeder = async move {
         let mut events = std::collections::HashSet::new();
         let mut buffers: Vec<Vec<serde_json::Value>> = vec![Vec::new(); lanes];

@@ -1,6 +1,6 @@
 //! The platform's shape in one place: the five stages with their default ports, and the topic
-//! names of DESIGN §1. Every stage's config defaults, `contrail up`, `contrail admin` and the
-//! tests read them from here, so a name or a port is written once.
+//! names of docs/CONTRACT.md, "Stages and topics". Every stage's config defaults, `contrail up`,
+//! `contrail admin` and the tests read them from here, so a name or a port is written once.
 
 /// A stage of the pipeline and its default ports (HTTP probes and metrics, gRPC admin).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,7 +62,7 @@ pub const STAGES: [StageSpec; 5] = [
     DELTA_ARCHIVER,
 ];
 
-/// The knock-on delay extension (issue 19): dedup-state with `processor = "rotation"` on the
+/// The knock-on delay extension: dedup-state with `processor = "rotation"` on the
 /// by-tail states.
 pub const ROTATION: StageSpec = StageSpec {
     name: "rotation",
@@ -109,7 +109,7 @@ impl StageSpec {
     }
 }
 
-/// The topic names (DESIGN §1), each stage's default.
+/// The topic names (docs/CONTRACT.md, "Stages and topics"), each stage's default.
 pub mod topics {
     /// Validated raw events from ingest (key: flight key).
     pub const RAW: &str = "ops.events.raw";

@@ -7,8 +7,8 @@ use clap::{CommandFactory, FromArgMatches, Parser};
 ///
 /// Serves Microsoft's in-memory Cosmos DB emulator (from azure_data_cosmos_driver) over plain HTTP
 /// on a loopback address, so separate processes using the ordinary azure_data_cosmos client share
-/// one account: point them at http://127.0.0.1:PORT/ with any key (the endpoint does not check
-/// signatures). State lives in memory only and is gone when the process exits.
+/// one account: point them at http://127.0.0.1:PORT/ with any key, or, with `--key`, signed with
+/// that key as the service checks. State lives in memory only and is gone when the process exits.
 ///
 /// Beyond the Cosmos REST API it answers GET /_dev/healthz, GET /_dev/stats (request counts) and
 /// POST /_dev/split?db=DB&coll=COLL&partition=N (splits a physical partition in two and answers

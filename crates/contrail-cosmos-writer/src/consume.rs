@@ -184,8 +184,8 @@ impl Effect for Writes<'_> {
         }
     }
 
-    /// Stopping (DESIGN §6): the writes in flight finish (a write that would have to be retried
-    /// gives up once stopping); what they completed is committed.
+    /// Stopping (docs/CONTRACT.md, "Operating"): the writes in flight finish (a write that would
+    /// have to be retried gives up once stopping); what they completed is committed.
     async fn drain(&mut self) -> Result<Points, CosmosWriterError> {
         while let Some((write, outcome)) = self.writes.next().await {
             if let Ok(true) = self.shared.finish(&write, outcome).await {

@@ -1,7 +1,8 @@
-//! The `cosmos-writer` stage (DESIGN §4, §5): `ops.flights.curated` → Cosmos DB `flights`; a
-//! deployment with `input = "predictions"` writes the rotation processor's
-//! `ops.flights.predictions` into the same documents' prediction fields (`predictedOut`,
-//! `knockOnFrom`, …, guarded by `predictionVersion`; see [`writer`] for how the two compose).
+//! The `cosmos-writer` stage (docs/CONTRACT.md, "Serving writes" and "Stores"):
+//! `ops.flights.curated` → Cosmos DB `flights`; a deployment with `input = "predictions"` writes
+//! the rotation processor's `ops.flights.predictions` into the same documents' prediction fields
+//! (`predictedOut`, `knockOnFrom`, …, guarded by `predictionVersion`; see [`writer`] for how the
+//! two compose).
 //!
 //! It runs on the consuming-stage frame ([`contrail_common::consume::Frame`]; assignment, gaps,
 //! placement, commits, drain) with its effect in `consume`. A consumer-group member decodes curated `FlightState`s as they arrive (undecodable records and

@@ -1,7 +1,7 @@
-//! Azure Cosmos DB access shared by `cosmos-writer` and `changefeed-sync` (DESIGN §5): the
-//! `[cosmos]` config section, building the `azure_data_cosmos` client (account key or Entra ID),
-//! creating the database and containers when asked, and classifying errors into what a stage
-//! does next (retry, guard conflict, give up); the version-guarded document write
+//! Azure Cosmos DB access shared by `cosmos-writer` and `changefeed-sync` (docs/CONTRACT.md,
+//! "Stores"): the `[cosmos]` config section, building the `azure_data_cosmos` client (account key
+//! or Entra ID), creating the database and containers when asked, and classifying errors into
+//! what a stage does next (retry, guard conflict, give up); the version-guarded document write
 //! ([`writer::DocumentWriter`]) that cosmos-writer and `contrail backfill serving` share.
 
 #[cfg(feature = "fault-injection")]

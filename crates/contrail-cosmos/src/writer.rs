@@ -8,7 +8,7 @@
 //! If-Match replace without the read. A stale cache entry costs one 412 and a re-read. A flight's
 //! version 1 is created without a read (a 409 falls back to read and decide).
 //!
-//! Two writers share a flight's document (issue 19): the flight state's (`version`) and the
+//! Two writers share a flight's document: the flight state's (`version`) and the
 //! rotation processor's predictions (fields of their own, guarded by a version field of their
 //! own, `predictionVersion`). Each guards its own version and keeps the other's fields: a state
 //! replace carries over every stored field its document does not have (read, or cached with the

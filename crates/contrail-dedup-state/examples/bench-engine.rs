@@ -18,7 +18,7 @@
 //! Baseline, same run, same shards and batches: decode each event and put its payload under its
 //! key, one write batch per micro-batch — the I/O floor of a stage that keeps one value per event.
 //!
-//! Then the second processor (issue 19): the flight processor's curated states re-keyed by tail
+//! Then the second processor (rotation): the flight processor's curated states re-keyed by tail
 //! number, as the flight deployment's `topics.by_tail` sends them, through the rotation processor
 //! on `--shards` fresh shards (by tail) — its CPU per state next to the flight processor's per
 //! event, with its own baseline (decode each state and put it under its tail).

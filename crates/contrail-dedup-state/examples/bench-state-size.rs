@@ -1,5 +1,5 @@
-//! State bigger than memory (issue 16): the engine and the flight processor on shards that already
-//! hold millions of live keys, next to the same month on empty shards, and how long a shard of that
+//! State bigger than memory: the engine and the flight processor on shards that already hold
+//! millions of live keys, next to the same month on empty shards, and how long a shard of that
 //! size takes to checkpoint and to restore.
 //!
 //! ```sh
@@ -16,7 +16,7 @@
 //! expires during the month: every key stays live, which the run checks (no eviction).
 //!
 //! Printed: the preload's events/s; the month's events/s and CPU per event on the empty shards and
-//! on the full ones (the issue's target: ≥ 50 % of the empty shards' events/s); state size on disk
+//! on the full ones (the target: ≥ 50 % of the empty shards' events/s); state size on disk
 //! and resident memory; then, for shard 0, a RocksDB checkpoint, its copy (what restoring from a
 //! local checkpoint store does) and the open of the copy, in seconds per million keys.
 mod support;

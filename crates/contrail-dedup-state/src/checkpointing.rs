@@ -1,4 +1,5 @@
-//! Coordinated checkpoints (DESIGN §4) over gRPC control messages (`contrail.control.v1`).
+//! Coordinated checkpoints (docs/CONTRACT.md, "Checkpoints") over gRPC control messages
+//! (`contrail.control.v1`).
 //!
 //! - [`ControlServer`] runs on every instance: a `Barrier(epoch)` asks the processing thread for a
 //!   checkpoint handle of every owned shard (handed out between batches), takes the RocksDB

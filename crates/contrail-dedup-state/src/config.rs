@@ -41,11 +41,11 @@ pub struct DedupStateConfig {
     pub checkpoint_storage_options: std::collections::BTreeMap<String, contrail_common::config::Secret>,
     /// Checkpoint coordination.
     pub checkpoint: CheckpointConfig,
-    /// Which processor the stage runs on its input: `flight` (DESIGN §3, on the raw events) or
-    /// `rotation` (knock-on delay predictions, on flight states keyed by tail number: point
-    /// `topics.raw` at the flight processor's `topics.by_tail`).
+    /// Which processor the stage runs on its input: `flight` (docs/CONTRACT.md, "Processing in
+    /// dedup-state", on the raw events) or `rotation` (knock-on delay predictions, on flight states
+    /// keyed by tail number: point `topics.raw` at the flight processor's `topics.by_tail`).
     pub processor: ProcessorKind,
-    /// Processing rules of DESIGN §3.
+    /// Processing rules of docs/CONTRACT.md ("Processing in dedup-state").
     pub rules: RulesConfig,
     /// Rules of the rotation processor.
     pub rotation: RotationConfig,
@@ -78,7 +78,7 @@ impl Default for DedupStateConfig {
     }
 }
 
-/// Topics dedup-state reads and writes (DESIGN §1).
+/// Topics dedup-state reads and writes (docs/CONTRACT.md, "Stages and topics").
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TopicsConfig {
@@ -122,7 +122,7 @@ impl Default for TopicsConfig {
     }
 }
 
-/// Checkpoints (DESIGN §4).
+/// Checkpoints (docs/CONTRACT.md, "Checkpoints").
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct CheckpointConfig {
@@ -156,7 +156,8 @@ impl Default for CheckpointConfig {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ProcessorKind {
-    /// DESIGN §3: dedup, per-flight order, the fold, DEPARTURE_OVERDUE.
+    /// The flight processor (docs/CONTRACT.md, "Processing in dedup-state"): dedup, per-flight
+    /// order, the fold, DEPARTURE_OVERDUE.
     #[default]
     Flight,
     /// Knock-on delay by aircraft rotation, on flight states keyed by tail number.
@@ -203,7 +204,7 @@ impl RotationConfig {
     }
 }
 
-/// DESIGN §3's time rules, in seconds of event time.
+/// The time rules of docs/CONTRACT.md ("Processing in dedup-state"), in seconds of event time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RulesConfig {
@@ -477,7 +478,7 @@ mod tests {
         assert_eq!(
             rules,
             Rules::default(),
-            "DESIGN §3 defaults: 1 h lateness, 72 h dedup, 48 h state"
+            "the contract's defaults: 1 h lateness, 72 h dedup, 48 h state"
         );
     }
 

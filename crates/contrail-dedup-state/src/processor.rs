@@ -37,7 +37,7 @@ pub type OutputTopics = crate::config::TopicsConfig;
 /// outputs written: it is dead-lettered instead.
 pub const OUTPUT_HEADROOM_BYTES: usize = 16 * 1024;
 
-/// The DESIGN §3 processor.
+/// The flight processor (docs/CONTRACT.md, "Processing in dedup-state").
 pub struct FlightProcessor {
     rules: Rules,
     topics: OutputTopics,

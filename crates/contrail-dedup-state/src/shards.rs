@@ -77,7 +77,7 @@ impl ProducerContext for OutputContext {
 pub struct Processing {
     /// Where outputs go.
     pub topics: OutputTopics,
-    /// The time rules of DESIGN §3.
+    /// The time rules of docs/CONTRACT.md ("Processing in dedup-state").
     pub rules: Rules,
     /// Which processor runs on the input.
     pub processor: crate::config::ProcessorKind,
@@ -455,7 +455,8 @@ impl ShardSet {
     /// shard is idle, else by the thread running its batch, before the batch). A failed one fails
     /// the shard set: outputs are produced with no delivery timeout, so a failure is permanent, and
     /// re-sending it behind newer outputs would break the order downstream de-duplication relies
-    /// on (DESIGN §4). The restart re-sends the outbox, in order, before anything new.
+    /// on (docs/CONTRACT.md, "Exact de-duplication"). The restart re-sends the outbox, in order,
+    /// before anything new.
     pub fn apply_deliveries(&self) {
         let reports: Vec<Delivery> = match self.deliveries.lock() {
             Ok(receiver) => receiver.try_iter().collect(),

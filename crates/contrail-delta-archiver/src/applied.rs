@@ -1,4 +1,4 @@
-//! Exact de-duplication by position (pure, I/O-free; DESIGN §4).
+//! Exact de-duplication by position (pure, I/O-free; docs/CONTRACT.md, "Exact de-duplication").
 //!
 //! Upstream stages use no Kafka transactions, so a topic may hold byte-identical copies of a
 //! record — after a crash of the producing stage, or far apart: a dedup-state shard restored from

@@ -1,4 +1,5 @@
-//! The `delta-archiver` stage (DESIGN §4, §5): the pipeline's topics into Delta Lake history.
+//! The `delta-archiver` stage: the pipeline's topics into Delta Lake history (docs/CONTRACT.md,
+//! "Guarantees across restarts" and "Stores").
 //!
 //! | topic | table | one row per |
 //! | --- | --- | --- |

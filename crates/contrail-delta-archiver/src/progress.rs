@@ -2,7 +2,8 @@
 //!
 //! The Delta table — not the consumer group — is the record of progress: every commit carries a
 //! `txn` action per `(table, topic, partition)` whose version is the last offset written
-//! (DESIGN §4). A partition newly assigned to this instance resumes at that version + 1.
+//! (docs/CONTRACT.md, "History commits"). A partition newly assigned to this instance resumes at
+//! that version + 1.
 
 use std::time::Duration;
 

@@ -1,5 +1,5 @@
-//! The operational-event contract of contrail (DESIGN §2.1): how a source system's JSON record is
-//! validated, how a flight is keyed, and how a valid record becomes the protobuf
+//! The operational-event contract of contrail (docs/CONTRACT.md, "Events"): how a source system's
+//! JSON record is validated, how a flight is keyed, and how a valid record becomes the protobuf
 //! [`OperationalEvent`] that travels on `ops.events.raw`.
 //!
 //! Everything here is pure and I/O-free so it can be fuzzed and property-tested. Guarantees:

@@ -1,4 +1,4 @@
-//! Validation of one JSON record against the event contract (DESIGN §2.1).
+//! Validation of one JSON record against the event contract (docs/CONTRACT.md, "Events").
 
 use chrono::{DateTime, NaiveDate};
 use contrail_proto::v1::{EventData, EventType, FlightRef, OperationalEvent};

@@ -1,6 +1,6 @@
-//! The serving document of a flight (DESIGN §5): `FlightState` in camelCase JSON with `id` = flight
-//! key. Times are RFC 3339 UTC strings with microseconds (`2013-01-01T05:15:00.000000Z`); absent
-//! values are `null`, so a document always has every field.
+//! The serving document of a flight (docs/CONTRACT.md, "Stores"): `FlightState` in camelCase JSON
+//! with `id` = flight key. Times are RFC 3339 UTC strings with microseconds
+//! (`2013-01-01T05:15:00.000000Z`); absent values are `null`, so a document always has every field.
 
 use chrono::{DateTime, SecondsFormat};
 use contrail_proto::v1::{FlightPrediction, FlightState};
@@ -14,7 +14,7 @@ pub fn time(us: Option<i64>) -> Value {
         })
 }
 
-/// The document's fields in the contract's order (DESIGN §5).
+/// The document's fields in the contract's order (docs/CONTRACT.md, "Stores").
 pub const FIELDS: [&str; 26] = [
     "id",
     "flightKey",
@@ -76,10 +76,10 @@ pub fn flight_document(state: &FlightState) -> Value {
     })
 }
 
-/// The fields the rotation processor's predictions add to a flight's document (issue 19): a
-/// second writer owns them, under its own version guard (`predictionVersion`), and the flight
-/// state's writer carries them over when it replaces the document — so neither overwrites the
-/// other's newer data.
+/// The fields the rotation processor's predictions add to a flight's document: a second writer
+/// owns them, under its own version guard (`predictionVersion`), and the flight state's writer
+/// carries them over when it replaces the document — so neither overwrites the other's newer
+/// data.
 pub const PREDICTION_FIELDS: [&str; 6] = [
     "predictedOut",
     "predictedIn",

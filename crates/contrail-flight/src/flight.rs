@@ -1,4 +1,4 @@
-//! What dedup-state decides for one event of one flight (docs/CONTRACT.md, "Processing"):
+//! What dedup-state decides for one event of one flight (docs/CONTRACT.md, "Processing in dedup-state"):
 //! duplicate, late, or accepted — and, when accepted, the new per-flight state and the
 //! `FlightState` to emit. Pure: the caller supplies whether the event id was seen, the end of the
 //! flight's service date and the shard watermark, and persists the result.
@@ -41,7 +41,7 @@ impl Default for Rules {
     }
 }
 
-/// Why an event is late (docs/CONTRACT.md, "Lateness" and "A flight's lifetime"). Carried on the
+/// Why an event is late (docs/CONTRACT.md, "Lateness" and "Lifetime"). Carried on the
 /// late event (`late_reason`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LateReason {

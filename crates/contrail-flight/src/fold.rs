@@ -1,4 +1,4 @@
-//! The fold of operational events into a [`FlightState`] (DESIGN §3.4). Pure.
+//! The fold of operational events into a [`FlightState`] (docs/CONTRACT.md, "Fold"). Pure.
 
 use contrail_proto::v1::{EventType, FlightState, OperationalEvent};
 
@@ -240,8 +240,8 @@ pub(crate) mod tests {
         assert_eq!(state.status, status::CANCELLED);
     }
 
-    /// DESIGN §3.4 as a table: each event type applied to the same prior state, with the whole
-    /// resulting state written out field by field (not derived from `apply`).
+    /// docs/CONTRACT.md's "Fold" as a table: each event type applied to the same prior state, with
+    /// the whole resulting state written out field by field (not derived from `apply`).
     #[test]
     fn every_event_type_sets_exactly_the_fields_of_the_contract() {
         const MINUTE: i64 = 60_000_000;
@@ -397,7 +397,11 @@ pub(crate) mod tests {
                 }),
             ),
         ];
-        assert_eq!(cases.len(), 12, "every event type of DESIGN §2.1");
+        assert_eq!(
+            cases.len(),
+            12,
+            "every event type of docs/CONTRACT.md, \"Events\""
+        );
         for (event_type, data, expected) in cases {
             let mut state = prior.clone();
             apply(&mut state, &event("e", event_type, 700, data));

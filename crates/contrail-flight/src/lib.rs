@@ -1,7 +1,8 @@
-//! The flight logic of the dedup-state stage (DESIGN §3): the fold of operational events into a
-//! `FlightState`, and the per-event decision — duplicate, late, or accepted in (event_time,
-//! event_id) order with `version` = accepted count — plus the DEPARTURE_OVERDUE timer rule and the
-//! TTLs. Everything here is pure; the stateful engine (`contrail-state`) stores the results.
+//! The flight logic of the dedup-state stage (docs/CONTRACT.md, "Processing in dedup-state"): the
+//! fold of operational events into a `FlightState`, and the per-event decision — duplicate, late,
+//! or accepted in (event_time, event_id) order with `version` = accepted count — plus the
+//! DEPARTURE_OVERDUE timer rule and the TTLs. Everything here is pure; the stateful engine
+//! (`contrail-state`) stores the results.
 
 pub mod document;
 pub mod flight;

@@ -5,7 +5,8 @@ use serde_json::{Map, Value, json};
 
 use crate::flights::{Flight, TimeZones};
 
-/// An operational event as a source system sends it (the JSON ingest format of DESIGN §2.1).
+/// An operational event as a source system sends it (the JSON ingest format of docs/CONTRACT.md,
+/// "Events").
 #[derive(Debug, Clone, PartialEq)]
 pub struct SourceEvent {
     /// Unique per flight: `{source}-{flight_key}-{TYPE}`.

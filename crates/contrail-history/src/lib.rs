@@ -1,8 +1,8 @@
-//! The history tables (DESIGN §5) as a contract of their own: what `delta-archiver` writes and
-//! what the tools (`contrail up`'s checks, `contrail store`, the flight board, the benchmarks)
-//! read back.
+//! The history tables (docs/CONTRACT.md, "Stores") as a contract of their own: what
+//! `delta-archiver` writes and what the tools (`contrail up`'s checks, `contrail store`, the
+//! flight board, the benchmarks) read back.
 //!
-//! - [`tables`]: the four tables, their partition columns and Delta schemas.
+//! - [`tables`]: the six tables, their partition columns and Delta schemas.
 //! - [`location`]: where a table lives below the Delta root (a local directory or a URL).
 //! - [`reader`]: reading a table's current snapshot without a query engine.
 //!

@@ -1,4 +1,5 @@
-//! The history tables (DESIGN §5, and `predictions` of the rotation processor): their names, partition columns and Delta schemas.
+//! The history tables (docs/CONTRACT.md, "Stores", and `predictions` of the rotation processor):
+//! their names, partition columns and Delta schemas.
 //!
 //! Every table has typed columns for every field the fold uses, the Kafka position the row was
 //! archived from (`kafka_topic`, `kafka_partition`, `kafka_offset`) and the full record as it was
@@ -50,7 +51,8 @@ impl Table {
     }
 
     /// The Delta `txn` application id under which delta-archiver records, with every commit,
-    /// the last offset of `topic`'s `partition` written to this table (DESIGN §4).
+    /// the last offset of `topic`'s `partition` written to this table
+    /// (docs/CONTRACT.md, "History commits").
     pub fn app_id(self, topic: &str, partition: i32) -> String {
         format!("{}-{topic}-{partition}", self.name())
     }

@@ -133,7 +133,7 @@ impl Default for LimitsConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, tag = "kind", rename_all = "snake_case")]
 pub enum SourceConfig {
-    /// Polls a paged HTTP endpoint (see `docs/ARCHITECTURE.md`, "HTTP polling sources").
+    /// Polls a paged HTTP endpoint (see `crates/contrail-ingest/README.md`, "Pull sources").
     HttpPoll(HttpPollConfig),
     /// Replays nycflights13 as operational events.
     Replay(ReplaySourceConfig),

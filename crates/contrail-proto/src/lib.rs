@@ -5,7 +5,7 @@
 //! server reflection, so `grpcurl` works against any stage without the `.proto` files.
 #![allow(missing_docs, clippy::all, clippy::unwrap_used)]
 
-/// Wire messages between stages (DESIGN §2.2).
+/// Wire messages between stages (docs/CONTRACT.md, "Stages and topics").
 pub mod v1 {
     tonic::include_proto!("contrail.v1");
 }

@@ -1,4 +1,5 @@
-//! The checkpoint protocol's decisions, as pure functions over plain data (DESIGN §4).
+//! The checkpoint protocol's decisions, as pure functions over plain data (docs/CONTRACT.md,
+//! "Checkpoints").
 //!
 //! A coordinator sends a barrier with an epoch to every shard owner; each owner takes a RocksDB
 //! checkpoint of its shards at a batch boundary, uploads it, and acks with each shard's input

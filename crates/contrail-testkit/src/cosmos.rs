@@ -552,10 +552,11 @@ pub fn status_at(grpc_url: &str) -> Result<contrail_proto::admin::v1::StatusResp
     })
 }
 
-/// The serving documents DESIGN §3.4 and §5 call for, computed from the events alone, written out
-/// here field by field — not with the stages' fold or document code: per flight, its distinct
-/// `(flight_key, event_id)` events folded in (event_time, event_id) order, `version` = their count.
-/// Times are instants (compared as such by [`contract_differences`]).
+/// The serving documents the contract calls for (docs/CONTRACT.md, "Fold" and "Stores"), computed
+/// from the events alone, written out here field by field — not with the stages' fold or document
+/// code: per flight, its distinct `(flight_key, event_id)` events folded in (event_time, event_id)
+/// order, `version` = their count. Times are instants (compared as such by
+/// [`contract_differences`]).
 pub fn contract_documents(events: &[OperationalEvent]) -> BTreeMap<String, serde_json::Value> {
     use contrail_proto::v1::EventType;
     use serde_json::{Value, json};
@@ -681,7 +682,8 @@ pub fn contract_problems(dev: &CosmosDev, expected: &BTreeMap<String, serde_json
 }
 
 /// Differences between stored documents and [`contract_documents`], field by field over the
-/// fields of DESIGN §5 (times compared as instants, whatever their text form).
+/// document fields of docs/CONTRACT.md, "Stores" (times compared as instants, whatever their
+/// text form).
 pub fn contract_differences(
     actual: &BTreeMap<String, serde_json::Value>,
     expected: &BTreeMap<String, serde_json::Value>,

@@ -12,7 +12,8 @@
 //! - [`read_topic`], [`TopicReader`]: read a whole topic back, every partition, no consumer group.
 //!
 //! Expectations and readers, one module per store or stage:
-//! - [`dedup`]: the oracle of dedup-state's outputs, re-derived from DESIGN §3 over the raw records;
+//! - [`dedup`]: the oracle of dedup-state's outputs, re-derived over the raw records from
+//!   docs/CONTRACT.md, "Processing in dedup-state";
 //! - [`delta`]: the Delta tables read back by an independent Python reader (`deltalake`);
 //! - [`cosmos`]: the Cosmos DB endpoint stand-in and cosmos-writer / changefeed-sync processes;
 //! - [`up`]: a whole `contrail up` platform; [`browser`]: headless Chromium over WebDriver.

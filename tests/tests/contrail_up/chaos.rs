@@ -355,7 +355,7 @@ fn chaos_goes_on_after_the_summary_when_asked_and_every_killed_stage_comes_back(
     );
 }
 
-/// The large chaos run of the exactly-once issue: five months (> 1,000,000 deliveries), at least
+/// The large chaos run of exactly-once: five months (> 1,000,000 deliveries), at least
 /// 50 `kill -9` over all stages, a broker restart (its data on disk) and a lost dedup-state volume,
 /// checked exactly as the month above. About an hour on 2 cores: `scripts/chaos-large.sh` runs
 /// it (with a tansu that has sqlite storage) and records its output in docs/chaos-large-run.txt.

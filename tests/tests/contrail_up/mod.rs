@@ -30,7 +30,7 @@ mod rotation;
 mod serving;
 mod trace;
 
-/// The fields the issue names, folded from the accepted events by the test's own rules
+/// A flight's essential fields, folded from the accepted events by the test's own rules
 /// (docs/CONTRACT.md, the fold), without the stage's fold: status from the last status-bearing event in
 /// (event_time, event_id) order, actual times from OUT/OFF/ON/IN, gate from GATE_ASSIGNED/OUT.
 #[derive(Debug, Default, PartialEq, Eq)]

@@ -3,7 +3,7 @@
 
 use super::*;
 
-/// `contrail up --rotation` (issue 19): the knock-on delay extension runs as two more
+/// `contrail up --rotation`: the knock-on delay extension runs as two more
 /// deployments — dedup-state with `processor = "rotation"` on the flight deployment's by-tail
 /// states, cosmos-writer with `input = "predictions"` — next to the five stages. Half a day of
 /// real flights later, every flight document with an aircraft and a schedule carries the prediction the

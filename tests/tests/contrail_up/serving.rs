@@ -58,7 +58,7 @@ fn contrail_up_without_a_replay_serves_what_your_own_producer_sends() {
     );
 }
 
-/// Issue 19, "rebuild serving from history": the `flights` container is deleted while a feed is
+/// Rebuild serving from history: the `flights` container is deleted while a feed is
 /// being posted; cosmos-writer waits for it (no record dead-lettered, none committed past), and
 /// `contrail backfill serving` recreates it from the Delta history while the feed goes on. At the
 /// end every document is what the test's own fold of the raw topic says, and no other exists.

@@ -2,7 +2,7 @@
 
 use super::*;
 
-/// Issue 18, "traces across stages": with `--otlp-endpoint` pointing at an OTLP receiver on
+/// Traces across stages: with `--otlp-endpoint` pointing at an OTLP receiver on
 /// loopback, one real event posted with the test's own `traceparent` is followed as one trace —
 /// ingest's request span (a child of the test's span), dedup-state's span for the record (its
 /// child, linked from its batch span), cosmos-writer's write of the flight's document and

@@ -522,8 +522,9 @@ fn undecodable_and_mismatched_records_go_to_the_dead_letter_topic_and_processing
 /// Every output topic partition must receive each input partition's outputs in input order: a
 /// position may repeat (a copy), but its first appearance comes after the first appearances of
 /// every lower position of the same input partition. Downstream exact de-duplication drops
-/// anything at or below the highest position it applied (DESIGN §4), so a first appearance out of
-/// order would be lost there. Returns the violations.
+/// anything at or below the highest position it applied (docs/CONTRACT.md,
+/// "Exact de-duplication"), so a first appearance out of order would be lost there. Returns the
+/// violations.
 fn first_appearances_out_of_order(
     messages: &[OwnedMessage],
     position: impl Fn(&[u8]) -> Option<(i32, i64)>,

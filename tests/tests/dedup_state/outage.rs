@@ -9,10 +9,10 @@ use contrail_testkit::{create_topics, test_dir, unique};
 
 use super::{first_appearances_out_of_order, read_all, verify};
 
-/// DESIGN §4 under a broker outage: the broker freezes while dedup-state has outputs in flight.
-/// Consumption pauses at the unacknowledged-output bound, nothing is committed past what the
-/// broker holds, and when it returns every output arrives — in input order per topic partition,
-/// with the in-flight count back at exactly 0.
+/// docs/CONTRACT.md's "Guarantees across restarts" under a broker outage: the broker freezes
+/// while dedup-state has outputs in flight. Consumption pauses at the unacknowledged-output bound,
+/// nothing is committed past what the broker holds, and when it returns every output arrives — in
+/// input order per topic partition, with the in-flight count back at exactly 0.
 #[test]
 fn a_broker_outage_holds_the_outputs_and_they_arrive_in_input_order() {
     use contrail_testkit::Broker;

@@ -7,7 +7,7 @@ use contrail_testkit::{Moments, create_topics, shared_broker, test_dir, unique};
 
 use super::read_all;
 
-/// The second processor (issue 19) as a deployment of its own: dedup-state with
+/// The second processor as a deployment of its own: dedup-state with
 /// `processor = "rotation"` reads flight states keyed by tail number — five days of real flights
 /// up to noon of the last, written at least once (every 50th record of each chunk sent twice, byte-identical, as a
 /// restarted flight deployment does) — and is `kill -9`ed at random moments while they arrive.

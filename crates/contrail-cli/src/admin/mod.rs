@@ -1,5 +1,5 @@
 //! `contrail admin`: a client for the admin API every stage serves on its gRPC port
-//! (`contrail.admin.v1.AdminService`, DESIGN §6).
+//! (`contrail.admin.v1.AdminService`, docs/CONTRACT.md, "Operating").
 //!
 //! A stage is named with `--stage` (a stage on this machine, at its default admin port shifted by
 //! `--port-offset` as `contrail up` does) or reached anywhere with `--addr`. Human output is aligned

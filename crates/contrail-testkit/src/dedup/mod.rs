@@ -2,9 +2,10 @@
 //! process, and an oracle that computes — independently of the stage's code — what dedup-state
 //! must output for the records on the raw topic.
 //!
-//! The oracle re-implements DESIGN §3's decisions (dedup with TTL, per-key lateness, state TTL,
-//! version = accepted count) from the contract's text, in a few lines of maps; only the fold itself
-//! (`contrail_flight::fold`, property-tested on its own) is shared with the stage.
+//! The oracle re-implements the decisions of docs/CONTRACT.md's "Processing in dedup-state"
+//! (dedup with TTL, per-key lateness, state TTL, version = accepted count) from the contract's
+//! text, in a few lines of maps; only the fold itself (`contrail_flight::fold`, property-tested on
+//! its own) is shared with the stage.
 //!
 //! Three rooms: [`feed`] (the events on the raw topic), [`oracle`] (the expectation and the check
 //! of the outputs against it) and [`stage`] (the process and its admin API).

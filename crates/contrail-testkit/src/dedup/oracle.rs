@@ -71,7 +71,7 @@ impl Expected {
     }
 }
 
-/// DEPARTURE_OVERDUE fires this long after the scheduled departure (DESIGN §3.6).
+/// DEPARTURE_OVERDUE fires this long after the scheduled departure (docs/CONTRACT.md, "Timers").
 const OVERDUE_AFTER_US: i64 = 15 * 60_000_000;
 
 /// When a flight's overdue timer should be set, from the contract's rule: scheduled out + 15 min
@@ -229,7 +229,8 @@ pub fn delta_identities(expected: &Expected) -> BTreeMap<&'static str, Vec<Strin
             .map(|(partition, offset)| format!("{partition}#{offset}"))
             .collect(),
     );
-    // `alerts`: (alert_id, state); the alert id is the flight key and the rule (DESIGN §3.6).
+    // `alerts`: (alert_id, state); the alert id is the flight key and the rule
+    // (docs/CONTRACT.md, "Timers").
     identities.insert(
         "alerts",
         expected
