@@ -1,9 +1,9 @@
-//! The admin API (`contrail.admin.v1.AdminService`) of a streaming stage that has no checkpoints
-//! and no per-key state of its own. Its users: cosmos-writer, changefeed-sync and delta-archiver
-//! (whose progress lives in the Delta tables). ingest and dedup-state serve their own admin
-//! services (sources; shards, checkpoints and key state). Status comes from the stage,
-//! pause/resume through a shared flag, drain through the shutdown; the checkpoint and key-state
-//! calls answer `UNIMPLEMENTED` with the stage's reason.
+//! The admin API (`contrail.admin.v1.AdminService`), implemented once ([`AdminApi`]) for every
+//! stage. A stage supplies what only it knows ([`StageAdmin`]: its status; dedup-state also its
+//! checkpoints, key state and which gaps it refuses); pause/resume go through a shared flag, drain
+//! through the shutdown, accepting gaps through the frame's [`Gaps`] ([`AdminControls`]). A stage
+//! without checkpoints or key state (cosmos-writer, changefeed-sync, delta-archiver, ingest)
+//! answers those calls `UNIMPLEMENTED` with its reason ([`NoCheckpoints`]).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -15,6 +15,7 @@ use tonic::{Request, Response, Status};
 
 use crate::auth::BearerTokens;
 use crate::consume::Gaps;
+use crate::consume::gaps::Held;
 use crate::metrics::MetricsRegistry;
 use crate::server::{Health, Listeners, Servers};
 use crate::shutdown::Shutdown;
@@ -24,6 +25,72 @@ use crate::shutdown::Shutdown;
 pub trait StageStatus: Send + Sync + 'static {
     /// The stage's status; `stage`, `version`, `ready` and `paused` are filled in by the admin.
     async fn status(&self) -> Result<admin::StatusResponse, Status>;
+}
+
+/// What only the stage knows, for [`AdminApi`]: its status and, where it has them, its
+/// checkpoints and key state (those calls answer `UNIMPLEMENTED` unless the stage answers them),
+/// and which held gaps it refuses to accept.
+#[tonic::async_trait]
+pub trait StageAdmin: StageStatus {
+    /// Why the checkpoint and key-state calls are `UNIMPLEMENTED` here (where the stage's progress
+    /// lives instead).
+    fn no_checkpoints(&self) -> &'static str {
+        "this stage keeps no checkpoints or key state"
+    }
+
+    /// `TriggerCheckpoint`.
+    async fn trigger_checkpoint(&self) -> Result<admin::TriggerCheckpointResponse, Status> {
+        Err(Status::unimplemented(self.no_checkpoints()))
+    }
+
+    /// `ListCheckpoints`.
+    async fn list_checkpoints(&self) -> Result<admin::ListCheckpointsResponse, Status> {
+        Err(Status::unimplemented(self.no_checkpoints()))
+    }
+
+    /// `RestoreCheckpoint`.
+    async fn restore_checkpoint(
+        &self,
+        _request: admin::RestoreCheckpointRequest,
+    ) -> Result<admin::RestoreCheckpointResponse, Status> {
+        Err(Status::unimplemented(self.no_checkpoints()))
+    }
+
+    /// `ReadKeyState`.
+    async fn read_key_state(
+        &self,
+        _request: admin::ReadKeyStateRequest,
+    ) -> Result<admin::ReadKeyStateResponse, Status> {
+        Err(Status::unimplemented(self.no_checkpoints()))
+    }
+
+    /// Refuses an `AcceptGap` of some of the gaps `held` (an error naming them); by default every
+    /// held gap may be accepted.
+    fn refuse_gap(&self, _held: &[Held], _request: &admin::AcceptGapRequest) -> Result<(), Status> {
+        Ok(())
+    }
+}
+
+/// A stage with no checkpoints and no key state: its status, and `reason` as the answer to those
+/// calls.
+pub struct NoCheckpoints<S> {
+    /// Where the stage's progress lives instead.
+    pub reason: &'static str,
+    /// The stage's status.
+    pub status: S,
+}
+
+#[tonic::async_trait]
+impl<S: StageStatus> StageStatus for NoCheckpoints<S> {
+    async fn status(&self) -> Result<admin::StatusResponse, Status> {
+        self.status.status().await
+    }
+}
+
+impl<S: StageStatus> StageAdmin for NoCheckpoints<S> {
+    fn no_checkpoints(&self) -> &'static str {
+        self.reason
+    }
 }
 
 /// The operator controls every stage's admin API shares: pause and resume (a flag the stage's
@@ -218,40 +285,59 @@ pub fn spawn_lag_metrics<F, Fut>(
     });
 }
 
-/// The admin service of a streaming stage.
-pub struct StreamAdmin<S> {
-    no_checkpoints: &'static str,
-    source: S,
+/// The admin service (`contrail.admin.v1.AdminService`) of a stage: its [`StageAdmin`] and the
+/// [`AdminControls`] every stage shares.
+pub struct AdminApi<S> {
+    stage: S,
     controls: AdminControls,
 }
 
-impl<S: StageStatus> StreamAdmin<S> {
-    /// `no_checkpoints` is the answer to the checkpoint and key-state calls (say where the stage's
-    /// progress lives instead).
-    pub fn new(no_checkpoints: &'static str, source: S, controls: AdminControls) -> StreamAdmin<S> {
-        StreamAdmin {
-            no_checkpoints,
-            source,
-            controls,
+impl<S: StageAdmin> AdminApi<S> {
+    /// The admin service of `stage`, with `controls`.
+    pub fn new(stage: S, controls: AdminControls) -> AdminApi<S> {
+        AdminApi { stage, controls }
+    }
+
+    /// The stage's status, with the fields every stage reports stamped in.
+    pub async fn status(&self) -> Result<admin::StatusResponse, Status> {
+        let mut status = self.stage.status().await?;
+        self.controls.stamp(&mut status);
+        Ok(status)
+    }
+
+    /// The gRPC service behind `tokens`. With `lag_metrics` (a consuming stage), keeps the
+    /// consumer-lag gauges of that registry current from the status ([`spawn_lag_metrics`]) until
+    /// the shutdown; ingest, which consumes nothing, passes `None`.
+    pub fn service(
+        self,
+        tokens: &BearerTokens,
+        lag_metrics: Option<&MetricsRegistry>,
+    ) -> tonic::service::interceptor::InterceptedService<
+        admin::admin_service_server::AdminServiceServer<AdminApi<S>>,
+        impl tonic::service::Interceptor + Clone + use<S>,
+    > {
+        let shutdown = self.controls.shutdown.clone();
+        let admin = Arc::new(self);
+        if let Some(metrics) = lag_metrics {
+            let source = admin.clone();
+            spawn_lag_metrics(metrics, &shutdown, LAG_INTERVAL, move || {
+                let source = source.clone();
+                async move { source.status().await }
+            });
         }
+        tonic::service::interceptor::InterceptedService::new(
+            admin::admin_service_server::AdminServiceServer::from_arc(admin),
+            tokens.grpc_interceptor(),
+        )
     }
 
     /// Serves this admin API (behind `tokens`) with gRPC health and reflection, and the probes
     /// and `metrics` over HTTP, on `listeners` until the shutdown; keeps the consumer-lag gauge
-    /// current from the stage's status ([`spawn_lag_metrics`]).
+    /// current ([`AdminApi::service`]).
     pub fn serve(self, listeners: Listeners, tokens: &BearerTokens, metrics: MetricsRegistry) -> Servers {
         let health = self.controls.health.clone();
         let shutdown = self.controls.shutdown.clone();
-        let admin = Arc::new(self);
-        let source = admin.clone();
-        spawn_lag_metrics(&metrics, &shutdown, LAG_INTERVAL, move || {
-            let source = source.clone();
-            async move { source.source.status().await }
-        });
-        let routes = tonic::service::Routes::new(tonic::service::interceptor::InterceptedService::new(
-            admin::admin_service_server::AdminServiceServer::from_arc(admin),
-            tokens.grpc_interceptor(),
-        ));
+        let routes = tonic::service::Routes::new(self.service(tokens, Some(&metrics)));
         Servers::spawn(
             listeners,
             axum::Router::new(),
@@ -265,14 +351,12 @@ impl<S: StageStatus> StreamAdmin<S> {
 }
 
 #[tonic::async_trait]
-impl<S: StageStatus> admin::admin_service_server::AdminService for StreamAdmin<S> {
+impl<S: StageAdmin> admin::admin_service_server::AdminService for AdminApi<S> {
     async fn status(
         &self,
         _: Request<admin::StatusRequest>,
     ) -> Result<Response<admin::StatusResponse>, Status> {
-        let mut status = self.source.status().await?;
-        self.controls.stamp(&mut status);
-        Ok(Response::new(status))
+        AdminApi::status(self).await.map(Response::new)
     }
 
     async fn pause(&self, _: Request<admin::PauseRequest>) -> Result<Response<admin::PauseResponse>, Status> {
@@ -290,28 +374,34 @@ impl<S: StageStatus> admin::admin_service_server::AdminService for StreamAdmin<S
         &self,
         _: Request<admin::TriggerCheckpointRequest>,
     ) -> Result<Response<admin::TriggerCheckpointResponse>, Status> {
-        Err(Status::unimplemented(self.no_checkpoints))
+        self.stage.trigger_checkpoint().await.map(Response::new)
     }
 
     async fn list_checkpoints(
         &self,
         _: Request<admin::ListCheckpointsRequest>,
     ) -> Result<Response<admin::ListCheckpointsResponse>, Status> {
-        Err(Status::unimplemented(self.no_checkpoints))
+        self.stage.list_checkpoints().await.map(Response::new)
     }
 
     async fn restore_checkpoint(
         &self,
-        _: Request<admin::RestoreCheckpointRequest>,
+        request: Request<admin::RestoreCheckpointRequest>,
     ) -> Result<Response<admin::RestoreCheckpointResponse>, Status> {
-        Err(Status::unimplemented(self.no_checkpoints))
+        self.stage
+            .restore_checkpoint(request.into_inner())
+            .await
+            .map(Response::new)
     }
 
     async fn read_key_state(
         &self,
-        _: Request<admin::ReadKeyStateRequest>,
+        request: Request<admin::ReadKeyStateRequest>,
     ) -> Result<Response<admin::ReadKeyStateResponse>, Status> {
-        Err(Status::unimplemented(self.no_checkpoints))
+        self.stage
+            .read_key_state(request.into_inner())
+            .await
+            .map(Response::new)
     }
 
     async fn drain(&self, _: Request<admin::DrainRequest>) -> Result<Response<admin::DrainResponse>, Status> {
@@ -322,6 +412,8 @@ impl<S: StageStatus> admin::admin_service_server::AdminService for StreamAdmin<S
         &self,
         request: Request<admin::AcceptGapRequest>,
     ) -> Result<Response<admin::AcceptGapResponse>, Status> {
-        self.controls.accept_gap(request.get_ref())
+        let request = request.get_ref();
+        self.stage.refuse_gap(&self.controls.gaps.held(), request)?;
+        self.controls.accept_gap(request)
     }
 }

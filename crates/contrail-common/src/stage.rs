@@ -10,7 +10,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::CommonError;
-use crate::admin::{AdminControls, StageStatus, StreamAdmin};
+use crate::admin::{AdminApi, AdminControls, NoCheckpoints, StageStatus};
 use crate::auth::{AuthConfig, AuthDecision, BearerTokens};
 use crate::config::{self, ListenConfig};
 use crate::kafka::KafkaConfig;
@@ -196,7 +196,7 @@ impl StageContext {
     }
 
     /// Binds `listen` and serves the admin API of a stage without checkpoints or key state
-    /// ([`StreamAdmin`]) behind `tokens`, with the probes and metrics; then marks the stage ready.
+    /// ([`AdminApi`] over [`NoCheckpoints`]) behind `tokens`, with the probes and metrics; then marks the stage ready.
     pub async fn serve_stream_admin<S: StageStatus>(
         &self,
         listen: &ListenConfig,
@@ -205,7 +205,11 @@ impl StageContext {
         status: S,
     ) -> Result<Servers, CommonError> {
         let listeners = Listeners::bind(listen).await?;
-        let admin = StreamAdmin::new(no_checkpoints, status, self.controls.clone());
+        let stage = NoCheckpoints {
+            reason: no_checkpoints,
+            status,
+        };
+        let admin = AdminApi::new(stage, self.controls.clone());
         Ok(admin.serve(listeners, tokens, self.registry.clone()))
     }
 

@@ -1,9 +1,11 @@
-//! The admin API of dedup-state (`contrail.admin.v1.AdminService`).
+//! What dedup-state answers in the admin API (`contrail.admin.v1.AdminService`, served by
+//! [`contrail_common::admin::AdminApi`]): its status, checkpoints and key state, and which gaps it
+//! refuses to accept.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use contrail_common::admin::AdminControls;
+use contrail_common::admin::{AdminControls, StageAdmin, StageStatus};
 use contrail_common::consume::gaps::{GapCause, Held};
 use contrail_flight::document::flight_document;
 use contrail_flight::flight;
@@ -12,14 +14,14 @@ use contrail_proto::state::v1::FlightKeyState;
 use contrail_state::checkpoints::CheckpointStore;
 use contrail_state::{StateError, TimeDomain};
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use tonic::{Request, Response, Status};
+use tonic::Status;
 
 use crate::checkpointing::{Coordinator, RoundOutcome};
 use crate::metrics::DedupMetrics;
 use crate::processor::FLIGHT_STATE;
 use crate::shards::ShardSet;
 
-/// The admin service.
+/// dedup-state's part of the admin service.
 pub struct DedupAdmin {
     /// Instance name.
     pub instance: String,
@@ -33,7 +35,7 @@ pub struct DedupAdmin {
     pub coordinator: Option<Arc<Coordinator>>,
     /// The checkpoint store.
     pub store: CheckpointStore,
-    /// Pause (its flag is read by the processing thread), resume, drain.
+    /// The controls (for the uptime).
     pub controls: AdminControls,
     /// Metrics.
     pub metrics: DedupMetrics,
@@ -46,11 +48,8 @@ fn internal(error: impl std::fmt::Display) -> Status {
 }
 
 #[tonic::async_trait]
-impl admin::admin_service_server::AdminService for DedupAdmin {
-    async fn status(
-        &self,
-        _: Request<admin::StatusRequest>,
-    ) -> Result<Response<admin::StatusResponse>, Status> {
+impl StageStatus for DedupAdmin {
+    async fn status(&self) -> Result<admin::StatusResponse, Status> {
         let shards = self.shards.status();
         let consumer = self.watermarks.clone();
         let topic = self.input_topic.clone();
@@ -108,7 +107,7 @@ impl admin::admin_service_server::AdminService for DedupAdmin {
         .into_iter()
         .collect();
         let uptime = self.controls.uptime_seconds();
-        let mut status = admin::StatusResponse {
+        Ok(admin::StatusResponse {
             instance: self.instance.clone(),
             uptime_seconds: uptime as i64,
             partitions,
@@ -118,35 +117,20 @@ impl admin::admin_service_server::AdminService for DedupAdmin {
             in_flight: self.shards.unacknowledged() as u64,
             leases: Vec::new(),
             ..admin::StatusResponse::default()
-        };
-        self.controls.stamp(&mut status);
-        Ok(Response::new(status))
+        })
     }
+}
 
-    async fn pause(&self, _: Request<admin::PauseRequest>) -> Result<Response<admin::PauseResponse>, Status> {
-        Ok(self.controls.pause())
-    }
-
-    async fn resume(
-        &self,
-        _: Request<admin::ResumeRequest>,
-    ) -> Result<Response<admin::ResumeResponse>, Status> {
-        Ok(self.controls.resume())
-    }
-
-    async fn trigger_checkpoint(
-        &self,
-        _: Request<admin::TriggerCheckpointRequest>,
-    ) -> Result<Response<admin::TriggerCheckpointResponse>, Status> {
+#[tonic::async_trait]
+impl StageAdmin for DedupAdmin {
+    async fn trigger_checkpoint(&self) -> Result<admin::TriggerCheckpointResponse, Status> {
         let Some(coordinator) = &self.coordinator else {
             return Err(Status::failed_precondition(
                 "this instance does not run the checkpoint coordinator (checkpoint.coordinator = false); ask the one that does",
             ));
         };
         match coordinator.round().await {
-            Ok(RoundOutcome::Complete { epoch, .. }) => {
-                Ok(Response::new(admin::TriggerCheckpointResponse { epoch }))
-            }
+            Ok(RoundOutcome::Complete { epoch, .. }) => Ok(admin::TriggerCheckpointResponse { epoch }),
             Ok(RoundOutcome::Incomplete { epoch, missing }) => Err(Status::unavailable(format!(
                 "epoch {epoch} incomplete: partitions {missing:?} did not acknowledge (owner unreachable or rebalancing)"
             ))),
@@ -154,10 +138,7 @@ impl admin::admin_service_server::AdminService for DedupAdmin {
         }
     }
 
-    async fn list_checkpoints(
-        &self,
-        _: Request<admin::ListCheckpointsRequest>,
-    ) -> Result<Response<admin::ListCheckpointsResponse>, Status> {
+    async fn list_checkpoints(&self) -> Result<admin::ListCheckpointsResponse, Status> {
         let epochs = self.store.epochs().await.map_err(internal)?;
         let manifests = self.store.manifests().await.map_err(internal)?;
         let checkpoints = epochs
@@ -188,14 +169,14 @@ impl admin::admin_service_server::AdminService for DedupAdmin {
                 },
             )
             .collect();
-        Ok(Response::new(admin::ListCheckpointsResponse { checkpoints }))
+        Ok(admin::ListCheckpointsResponse { checkpoints })
     }
 
     async fn restore_checkpoint(
         &self,
-        request: Request<admin::RestoreCheckpointRequest>,
-    ) -> Result<Response<admin::RestoreCheckpointResponse>, Status> {
-        let epoch = request.into_inner().epoch;
+        request: admin::RestoreCheckpointRequest,
+    ) -> Result<admin::RestoreCheckpointResponse, Status> {
+        let epoch = request.epoch;
         let manifests = self.store.manifests().await.map_err(internal)?;
         let Some(manifest) = manifests
             .iter()
@@ -214,7 +195,7 @@ impl admin::admin_service_server::AdminService for DedupAdmin {
             .map(|m| m.epoch)
             .max()
             .unwrap_or(0);
-        Ok(Response::new(admin::RestoreCheckpointResponse {
+        Ok(admin::RestoreCheckpointResponse {
             accepted: false,
             message: format!(
                 "epoch {} covers partitions {:?}; a shard restores the newest complete epoch ({newest}) when its \
@@ -223,14 +204,14 @@ impl admin::admin_service_server::AdminService for DedupAdmin {
                 manifest.partitions,
                 self.shards.state_dir().join("shard-<partition>").display()
             ),
-        }))
+        })
     }
 
     async fn read_key_state(
         &self,
-        request: Request<admin::ReadKeyStateRequest>,
-    ) -> Result<Response<admin::ReadKeyStateResponse>, Status> {
-        let key = request.into_inner().key;
+        request: admin::ReadKeyStateRequest,
+    ) -> Result<admin::ReadKeyStateResponse, Status> {
+        let key = request.key;
         let rules = self.rules;
         let lateness = rules.allowed_lateness_us;
         let found = self
@@ -289,20 +270,11 @@ impl admin::admin_service_server::AdminService for DedupAdmin {
                 },
             )
             .map_err(internal)?;
-        Ok(Response::new(found.unwrap_or_default()))
+        Ok(found.unwrap_or_default())
     }
 
-    async fn drain(&self, _: Request<admin::DrainRequest>) -> Result<Response<admin::DrainResponse>, Status> {
-        Ok(self.controls.drain())
-    }
-
-    async fn accept_gap(
-        &self,
-        request: Request<admin::AcceptGapRequest>,
-    ) -> Result<Response<admin::AcceptGapResponse>, Status> {
-        let request = request.get_ref();
-        refuse_past_end(&self.controls.gaps().held(), request)?;
-        self.controls.accept_gap(request)
+    fn refuse_gap(&self, held: &[Held], request: &admin::AcceptGapRequest) -> Result<(), Status> {
+        refuse_past_end(held, request)
     }
 }
 

@@ -1,4 +1,5 @@
-//! The `dedup-state` stage: the stateful heart of contrail (DESIGN §3, §4).
+//! The `dedup-state` stage: the stateful heart of contrail
+//! (docs/CONTRACT.md, "Processing in dedup-state" and "Guarantees across restarts").
 //!
 //! Consumes `ops.events.raw` as a consumer-group member; each assigned partition is a shard — a
 //! RocksDB instance of the `contrail-state` engine — opened at the offset stored in it (reopened,
@@ -35,7 +36,6 @@ use contrail_common::server;
 use contrail_common::shutdown::Shutdown;
 use contrail_common::stage::StageContext;
 use contrail_common::topology;
-use contrail_proto::admin::v1::admin_service_server::AdminServiceServer;
 use contrail_proto::control::v1::checkpoint_control_server::CheckpointControlServer;
 use contrail_state::checkpoints::CheckpointStore;
 use rdkafka::ClientConfig;
@@ -53,8 +53,9 @@ use contrail_common::consume::GapWatch;
 /// librdkafka settings of the output producer: idempotent, all replicas, and no delivery timeout
 /// (`message.timeout.ms = 0`): an output waits for the broker however long it is away. A timed-out
 /// output would have to be re-sent behind newer ones, and downstream de-duplication relies on
-/// each topic receiving a partition's outputs in input order (DESIGN §4); the outbox, not a
-/// timeout, bounds what is in flight (`batch.max_unacknowledged`).
+/// each topic receiving a partition's outputs in input order (docs/CONTRACT.md,
+/// "Exact de-duplication"); the outbox, not a timeout, bounds what is in flight
+/// (`batch.max_unacknowledged`).
 pub fn producer_config(config: &DedupStateConfig) -> Result<ClientConfig, DedupStateError> {
     let mut client = config.kafka.producer_config("dedup-state")?;
     client.set("message.timeout.ms", "0");
@@ -179,26 +180,9 @@ pub async fn run(config: DedupStateConfig, shutdown: Shutdown) -> Result<(), Ded
         store.clone(),
         metrics.clone(),
     );
-    let admin = std::sync::Arc::new(admin);
-    let source = admin.clone();
-    contrail_common::admin::spawn_lag_metrics(
-        &stage.registry,
-        &stage.shutdown,
-        contrail_common::admin::LAG_INTERVAL,
-        move || {
-            let source = source.clone();
-            async move {
-                use contrail_proto::admin::v1::admin_service_server::AdminService as _;
-                let request = tonic::Request::new(contrail_proto::admin::v1::StatusRequest {});
-                source.status(request).await.map(tonic::Response::into_inner)
-            }
-        },
-    );
-    let routes = tonic::service::Routes::new(tonic::service::interceptor::InterceptedService::new(
-        AdminServiceServer::from_arc(admin),
-        tokens.grpc_interceptor(),
-    ))
-    .add_service(CheckpointControlServer::with_interceptor(
+    let admin = contrail_common::admin::AdminApi::new(admin, stage.controls.clone())
+        .service(&tokens, Some(&stage.registry));
+    let routes = tonic::service::Routes::new(admin).add_service(CheckpointControlServer::with_interceptor(
         control,
         tokens.grpc_interceptor(),
     ));

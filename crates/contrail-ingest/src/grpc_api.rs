@@ -1,13 +1,14 @@
 //! The gRPC ingest service and the ingest stage's admin service.
 //!
-//! gRPC records are turned into the JSON shape of DESIGN §2.1 and go through exactly the validation
-//! and publish path of the HTTP API. Rejected records are reported per record with status OK (like
-//! HTTP's per-record results); records the broker did not acknowledge make the call fail with
-//! `UNAVAILABLE` (retry the batch), over capacity with `RESOURCE_EXHAUSTED`.
+//! gRPC records are turned into the JSON shape of docs/CONTRACT.md ("Events") and go through
+//! exactly the validation and publish path of the HTTP API. Rejected records are reported per
+//! record with status OK (like HTTP's per-record results); records the broker did not acknowledge
+//! make the call fail with `UNAVAILABLE` (retry the batch), over capacity with
+//! `RESOURCE_EXHAUSTED`.
 
 use std::sync::Arc;
 
-use contrail_common::admin::AdminControls;
+use contrail_common::admin::{AdminControls, StageAdmin, StageStatus};
 use contrail_common::trace::{TRACEPARENT, TraceParent};
 use contrail_events::BodyRecord;
 use contrail_proto::admin::v1 as admin;
@@ -225,7 +226,8 @@ fn traceparent_of(metadata: &tonic::metadata::MetadataMap) -> Option<TraceParent
         .and_then(|value| TraceParent::parse(value.as_bytes()))
 }
 
-/// Implements `contrail.admin.v1.AdminService` for ingest: status, pause/resume, drain.
+/// What ingest answers in the admin API (served by [`contrail_common::admin::AdminApi`]): its
+/// status; it keeps no checkpoints or key state.
 #[derive(Clone)]
 pub struct IngestAdmin {
     pipeline: Pipeline,
@@ -236,7 +238,7 @@ pub struct IngestAdmin {
 }
 
 impl IngestAdmin {
-    /// An admin service for this process; `controls` pause the pipeline (their flag is its own).
+    /// ingest's part of the admin service; `controls` give the uptime.
     pub fn new(
         pipeline: Pipeline,
         sources: Arc<SourceRegistry>,
@@ -269,11 +271,8 @@ fn sum_counter(counter: &prometheus::IntCounterVec) -> f64 {
 }
 
 #[tonic::async_trait]
-impl admin::admin_service_server::AdminService for IngestAdmin {
-    async fn status(
-        &self,
-        _: Request<admin::StatusRequest>,
-    ) -> Result<Response<admin::StatusResponse>, Status> {
+impl StageStatus for IngestAdmin {
+    async fn status(&self) -> Result<admin::StatusResponse, Status> {
         let counters = [
             ("records_received_total", &self.metrics.records_received),
             ("events_accepted_total", &self.metrics.events_accepted),
@@ -285,7 +284,7 @@ impl admin::admin_service_server::AdminService for IngestAdmin {
         .map(|(name, counter)| (name.to_owned(), sum_counter(counter)))
         .collect();
         let uptime = self.controls.uptime_seconds();
-        let mut status = admin::StatusResponse {
+        Ok(admin::StatusResponse {
             instance: self.instance.clone(),
             uptime_seconds: uptime as i64,
             partitions: Vec::new(),
@@ -295,65 +294,13 @@ impl admin::admin_service_server::AdminService for IngestAdmin {
             in_flight: self.pipeline.in_flight() as u64,
             leases: Vec::new(),
             ..admin::StatusResponse::default()
-        };
-        self.controls.stamp(&mut status);
-        Ok(Response::new(status))
+        })
     }
+}
 
-    async fn pause(&self, _: Request<admin::PauseRequest>) -> Result<Response<admin::PauseResponse>, Status> {
-        Ok(self.controls.pause())
-    }
-
-    async fn resume(
-        &self,
-        _: Request<admin::ResumeRequest>,
-    ) -> Result<Response<admin::ResumeResponse>, Status> {
-        Ok(self.controls.resume())
-    }
-
-    async fn trigger_checkpoint(
-        &self,
-        _: Request<admin::TriggerCheckpointRequest>,
-    ) -> Result<Response<admin::TriggerCheckpointResponse>, Status> {
-        Err(Status::unimplemented(
-            "ingest is stateless: it has no checkpoints",
-        ))
-    }
-
-    async fn list_checkpoints(
-        &self,
-        _: Request<admin::ListCheckpointsRequest>,
-    ) -> Result<Response<admin::ListCheckpointsResponse>, Status> {
-        Err(Status::unimplemented(
-            "ingest is stateless: it has no checkpoints",
-        ))
-    }
-
-    async fn restore_checkpoint(
-        &self,
-        _: Request<admin::RestoreCheckpointRequest>,
-    ) -> Result<Response<admin::RestoreCheckpointResponse>, Status> {
-        Err(Status::unimplemented(
-            "ingest is stateless: it has no checkpoints",
-        ))
-    }
-
-    async fn read_key_state(
-        &self,
-        _: Request<admin::ReadKeyStateRequest>,
-    ) -> Result<Response<admin::ReadKeyStateResponse>, Status> {
-        Err(Status::unimplemented("ingest keeps no per-key state"))
-    }
-
-    async fn drain(&self, _: Request<admin::DrainRequest>) -> Result<Response<admin::DrainResponse>, Status> {
-        Ok(self.controls.drain())
-    }
-
-    async fn accept_gap(
-        &self,
-        request: Request<admin::AcceptGapRequest>,
-    ) -> Result<Response<admin::AcceptGapResponse>, Status> {
-        self.controls.accept_gap(request.get_ref())
+impl StageAdmin for IngestAdmin {
+    fn no_checkpoints(&self) -> &'static str {
+        "ingest is stateless: it keeps no checkpoints and no per-key state"
     }
 }
 

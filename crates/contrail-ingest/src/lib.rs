@@ -2,10 +2,11 @@
 //!
 //! Source systems push operational events over HTTP (`POST /v1/events`) or gRPC
 //! (`contrail.ingest.v1.IngestService`), or ingest pulls them from configured sources in parallel.
-//! Every record is validated against the contract (DESIGN §2.1); valid ones are produced as
-//! `OperationalEvent` protobuf to `ops.events.raw` keyed by flight key (idempotent producer,
-//! `acks=all`), rejected ones as `DeadLetter` to `ops.events.dlq`. A request is acknowledged only
-//! after the broker acknowledged every record of it; memory is bounded by an in-flight limit.
+//! Every record is validated against the contract (docs/CONTRACT.md, "Events"); valid ones are
+//! produced as `OperationalEvent` protobuf to `ops.events.raw` keyed by flight key (idempotent
+//! producer, `acks=all`), rejected ones as `DeadLetter` to `ops.events.dlq`. A request is
+//! acknowledged only after the broker acknowledged every record of it; memory is bounded by an
+//! in-flight limit.
 
 pub mod cli;
 pub mod config;
@@ -145,16 +146,18 @@ pub async fn run(config: IngestConfig, shutdown: Shutdown) -> Result<(), IngestE
         .max_decoding_message_size(config.limits.max_body_bytes),
         tokens.grpc_interceptor(),
     );
-    let admin_service = contrail_proto::admin::v1::admin_service_server::AdminServiceServer::with_interceptor(
+    let controls = stage.controls.clone().with_pause_flag(pipeline.pause_flag());
+    let admin_service = contrail_common::admin::AdminApi::new(
         grpc_api::IngestAdmin::new(
             pipeline.clone(),
             source_registry.clone(),
-            stage.controls.clone().with_pause_flag(pipeline.pause_flag()),
+            controls.clone(),
             config.instance.clone(),
             metrics.clone(),
         ),
-        admin_tokens.grpc_interceptor(),
-    );
+        controls,
+    )
+    .service(&admin_tokens, None);
     let grpc_routes = tonic::service::Routes::new(ingest_service).add_service(admin_service);
 
     shutdown.spawn(log_failure(
