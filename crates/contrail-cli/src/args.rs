@@ -26,12 +26,12 @@ impl CosmosArgs {
     pub fn endpoint(&self, port_offset: u16) -> String {
         self.cosmos_endpoint
             .clone()
-            .unwrap_or_else(|| crate::platform::Ports { offset: port_offset }.cosmos_endpoint())
+            .unwrap_or_else(|| crate::local::Ports { offset: port_offset }.cosmos_endpoint())
     }
 
     /// The Cosmos settings; `create`: create the database and containers when missing.
     pub fn config(&self, port_offset: u16, create: bool) -> contrail_cosmos::CosmosConfig {
-        crate::platform::cosmos_config(&self.endpoint(port_offset), self.cosmos_key.as_deref(), create)
+        crate::local::cosmos_config(&self.endpoint(port_offset), self.cosmos_key.as_deref(), create)
     }
 }
 
@@ -58,7 +58,7 @@ impl KafkaArgs {
             brokers: self.brokers.clone().unwrap_or_else(|| {
                 format!(
                     "127.0.0.1:{}",
-                    crate::platform::Ports { offset: port_offset }.broker()
+                    crate::local::Ports { offset: port_offset }.broker()
                 )
             }),
             event_hubs_connection_string: contrail_common::config::Secret::new(

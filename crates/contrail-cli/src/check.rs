@@ -1,5 +1,5 @@
 //! The exactly-once checks of `contrail up`: what the stores hold, compared with what was sent
-//! and with each other. Pure: the caller reads the stores ([`crate::store`]).
+//! and with each other. Pure: the caller reads the stores ([`crate::stores`]).
 //!
 //! From the replay we know every distinct event sent, `(flight key, event id)`. The contract
 //! (docs/CONTRACT.md, "Processing in dedup-state" and "Guarantees across restarts") then

@@ -6,20 +6,14 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-mod admin;
-mod alerts;
-mod archived;
+use crate::commands::{admin, alerts, backfill, board, flights, replay, up};
+
 mod args;
-mod backfill;
-mod board;
 mod check;
-mod flights;
+mod commands;
 mod input;
-mod platform;
-mod replay;
-mod reprocess;
-mod store;
-mod up;
+mod local;
+mod stores;
 
 /// contrail — real-time airline-operations data platform.
 ///

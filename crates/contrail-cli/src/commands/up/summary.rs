@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::check::Report;
-use crate::replay::Totals;
+use crate::commands::replay::Totals;
 
 /// Peak resident memory of a process (`VmHWM`), MiB.
 pub(super) fn peak_rss_mib(pid: u32) -> Option<u64> {

@@ -1,6 +1,8 @@
 //! Reading the serving store (Cosmos DB `flights`) and the history (Delta tables) for the board,
 //! `contrail flights` and the checks of `contrail up`.
 
+pub(crate) mod archived;
+
 use std::collections::HashMap;
 
 use anyhow::{Context, Result};

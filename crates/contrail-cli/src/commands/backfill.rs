@@ -30,8 +30,8 @@ use futures::StreamExt as _;
 use indicatif::{ProgressBar, ProgressStyle};
 use prost::Message as _;
 
-use crate::archived::{ArchiverWait, wait_for_archiver};
-use crate::store::{longs, records, strings};
+use crate::stores::archived::{ArchiverWait, wait_for_archiver};
+use crate::stores::{longs, records, strings};
 
 /// Options of `contrail backfill`.
 #[derive(Args, Debug)]
@@ -58,7 +58,7 @@ enum BackfillCommand {
     ///
     /// Example: `contrail backfill reprocess --from-delta contrail-up/delta --from 2013-01-10
     /// --to 2013-01-12 --to-topic ops.events.reprocess`
-    Reprocess(crate::reprocess::ReprocessArgs),
+    Reprocess(crate::commands::reprocess::ReprocessArgs),
 }
 
 /// Options of `contrail backfill serving`.
@@ -118,7 +118,7 @@ fn parse_date(text: &str) -> Result<NaiveDate, String> {
 pub async fn run(args: BackfillArgs) -> Result<()> {
     match args.command {
         BackfillCommand::Serving(args) => serving(args).await,
-        BackfillCommand::Reprocess(args) => crate::reprocess::run(args).await,
+        BackfillCommand::Reprocess(args) => crate::commands::reprocess::run(args).await,
     }
 }
 

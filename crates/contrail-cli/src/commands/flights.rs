@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use serde_json::Value;
 
-use crate::store::{FlightFilter, Stores, service_date};
+use crate::stores::{FlightFilter, Stores, service_date};
 
 /// Options of `contrail flights`.
 #[derive(Args, Debug)]

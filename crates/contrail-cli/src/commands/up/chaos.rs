@@ -10,7 +10,7 @@ use anyhow::Context;
 
 use super::context::{Milestones, Up};
 use super::supervisor::Platform;
-use crate::platform::{ChaosPlan, shard_dir};
+use crate::local::{ChaosPlan, shard_dir};
 
 /// What chaos is asked to do.
 pub(super) struct ChaosSettings {

@@ -9,7 +9,7 @@ use indicatif::ProgressBar;
 use serde_json::json;
 
 use super::context::Up;
-use crate::platform::{Ports, Replica};
+use crate::local::{Ports, Replica};
 
 /// How long the consumers have to own their partitions before the replay starts.
 pub(super) const ASSIGNMENT_TIMEOUT: Duration = Duration::from_secs(180);
@@ -254,7 +254,7 @@ mod tests {
         // Nothing listens on 56090-56194 (the ephemeral range, where only outgoing connections
         // take ports; the tests' platforms stay below 32,000): every stage is refused at once.
         let ports = Ports { offset: 47_000 };
-        let replicas = crate::platform::Scale::default().replicas();
+        let replicas = crate::local::Scale::default().replicas();
         let lags = runtime.block_on(stage_lags(ports, &replicas, |name| {
             if name == "dedup-state" {
                 Duration::from_secs(3)
@@ -272,9 +272,9 @@ mod tests {
 
     #[test]
     fn a_changefeed_instance_without_a_lease_stands_by_only_while_another_holds_them() {
-        let scale = crate::platform::Scale::new(&[
-            crate::platform::parse_scale("changefeed-sync=2").expect("parses"),
-            crate::platform::parse_scale("cosmos-writer=2").expect("parses"),
+        let scale = crate::local::Scale::new(&[
+            crate::local::parse_scale("changefeed-sync=2").expect("parses"),
+            crate::local::parse_scale("cosmos-writer=2").expect("parses"),
         ]);
         let replicas = scale.replicas();
         let names: Vec<String> = replicas.iter().map(Replica::name).collect();

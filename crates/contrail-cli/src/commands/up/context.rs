@@ -9,8 +9,8 @@ use indicatif::MultiProgress;
 use tokio::sync::{Notify, RwLock};
 
 use super::supervisor::Platform;
-use crate::board::BoardMeta;
-use crate::platform::Ports;
+use crate::commands::board::BoardMeta;
+use crate::local::Ports;
 
 /// The running processes, shared by the tasks. A lock poisoned by a task that panicked holding it
 /// is recovered: the processes are what they are, and stopping them must still work.
@@ -81,7 +81,7 @@ impl Up {
 
     /// What the board shows the platform doing.
     pub(super) async fn set_phase(&self, phase: &str) {
-        crate::board::set_phase(&self.meta, phase).await;
+        crate::commands::board::set_phase(&self.meta, phase).await;
     }
 
     /// Whether the run is over.

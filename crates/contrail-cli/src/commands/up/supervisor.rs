@@ -9,8 +9,8 @@ use anyhow::{Context, Result, bail};
 use tokio::sync::RwLock;
 
 use super::UpArgs;
-use crate::board::{BoardMeta, set_phase};
-use crate::platform::{Managed, Ports, Replica, Scale, sibling_binary, stage_env, tansu_binary};
+use crate::commands::board::{BoardMeta, set_phase};
+use crate::local::{Managed, Ports, Replica, Scale, sibling_binary, stage_env, tansu_binary};
 
 /// The running processes.
 pub(super) struct Platform {
@@ -43,7 +43,7 @@ impl Platform {
     pub(super) fn shutdown(&mut self) {
         self.stopping = true;
         for stage in &self.stages {
-            crate::platform::send_signal(stage.pid(), libc::SIGTERM);
+            crate::local::send_signal(stage.pid(), libc::SIGTERM);
         }
         let deadline = Instant::now() + Duration::from_secs(30);
         for stage in &mut self.stages {
@@ -53,8 +53,8 @@ impl Platform {
             }
         }
         // Both at once: the broker takes ≈ 2 s to exit, and neither waits for the other.
-        crate::platform::send_signal(self.cosmos.pid(), libc::SIGTERM);
-        crate::platform::send_signal(self.broker.pid(), libc::SIGTERM);
+        crate::local::send_signal(self.cosmos.pid(), libc::SIGTERM);
+        crate::local::send_signal(self.broker.pid(), libc::SIGTERM);
         self.cosmos.stop(Duration::from_secs(5));
         self.broker.stop(Duration::from_secs(5));
     }
@@ -104,7 +104,7 @@ pub(super) async fn start_platform(
         args.durable_broker.then_some(broker_dir.as_path()),
     )?;
     let address = format!("127.0.0.1:{}", ports.broker());
-    crate::platform::wait_for_port(&address, Duration::from_secs(15), || broker.exited().is_none())
+    crate::local::wait_for_port(&address, Duration::from_secs(15), || broker.exited().is_none())
         .await
         .with_context(|| {
             format!("starting the local broker on {address} (is the port free? try --port-offset)")
@@ -126,7 +126,7 @@ pub(super) async fn start_platform(
         &logs.join("cosmos-dev.log"),
     )?;
     let address = format!("127.0.0.1:{}", ports.cosmos());
-    crate::platform::wait_for_port(&address, Duration::from_secs(15), || cosmos.exited().is_none())
+    crate::local::wait_for_port(&address, Duration::from_secs(15), || cosmos.exited().is_none())
         .await
         .with_context(|| {
             format!(
@@ -231,7 +231,7 @@ pub(super) async fn start_platform(
 
 /// The `[cosmos]` settings of a tool reading the local endpoint.
 pub(super) fn cosmos_config(ports: Ports, create: bool) -> contrail_cosmos::CosmosConfig {
-    crate::platform::cosmos_config(&ports.cosmos_endpoint(), None, create)
+    crate::local::cosmos_config(&ports.cosmos_endpoint(), None, create)
 }
 
 /// The OpenTelemetry settings of every stage under `--otlp-endpoint` (none without it).

@@ -135,7 +135,7 @@ pub async fn run(args: ReprocessArgs) -> Result<()> {
     }
 
     if !args.no_wait_for_archiver {
-        crate::archived::wait_for_archiver(crate::archived::ArchiverWait {
+        crate::stores::archived::wait_for_archiver(crate::stores::archived::ArchiverWait {
             kafka: kafka.clone(),
             delta_root: &args.from_delta,
             table: Table::Events,
@@ -163,7 +163,7 @@ pub async fn run(args: ReprocessArgs) -> Result<()> {
     let mut every = Vec::new();
     let mut undecodable = 0usize;
     for batch in read.batches() {
-        let records = crate::store::records(batch, "events")?;
+        let records = crate::stores::records(batch, "events")?;
         for row in 0..records.len() {
             if records.is_null(row) {
                 undecodable += 1;

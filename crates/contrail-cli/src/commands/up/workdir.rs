@@ -6,7 +6,7 @@ use std::path::Path;
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 
-use crate::platform::{Ports, Scale};
+use crate::local::{Ports, Scale};
 
 /// Marks a directory `contrail up` made, so it only ever empties its own.
 const WORKDIR_MARKER: &str = ".contrail-up";

@@ -36,7 +36,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::RwLock;
 
-use crate::store::{FlightFilter, Stores};
+use crate::stores::{FlightFilter, Stores};
 
 const PAGE: &str = include_str!("board.html");
 
@@ -221,7 +221,7 @@ pub async fn serve(
 
 /// `contrail board`.
 pub async fn run(args: BoardArgs) -> Result<()> {
-    let cosmos = crate::platform::cosmos_config(&args.cosmos_endpoint, args.cosmos_key.as_deref(), false);
+    let cosmos = crate::local::cosmos_config(&args.cosmos_endpoint, args.cosmos_key.as_deref(), false);
     let stores = Stores::open(&cosmos, &args.delta_root).await?;
     let meta = BoardMeta {
         dates: vec![args.date.clone()],

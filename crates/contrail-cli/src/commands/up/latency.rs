@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, bail};
 use serde_json::{Value, json};
 
-use crate::store::Stores;
+use crate::stores::Stores;
 
 /// Samples the latency to Cosmos DB of every `every`-th flight (0: none).
 pub(super) struct CosmosSampler {

@@ -28,11 +28,11 @@ use serde_json::{Value, json};
 use tokio::sync::RwLock;
 
 use self::context::{Milestones, SharedPlatform, Up};
-use crate::board::set_phase;
-use crate::board::{Board, BoardMeta};
-use crate::platform::{Ports, STAGES, Scale, StageSpec};
-use crate::replay::{Deliveries, FeedArgs, Target};
-use crate::store::Stores;
+use crate::commands::board::set_phase;
+use crate::commands::board::{Board, BoardMeta};
+use crate::commands::replay::{Deliveries, FeedArgs, Target};
+use crate::local::{Ports, STAGES, Scale, StageSpec};
+use crate::stores::Stores;
 
 /// Options of `contrail up`.
 #[derive(Args, Debug, Clone)]
@@ -74,7 +74,7 @@ pub struct UpArgs {
     /// on the stage's ports + 100·i and is called STAGE-i in logs, status, chaos and the summary;
     /// the consumers share their groups' partitions (N ≤ --partitions), dedup-state-0 coordinates
     /// the checkpoints, changefeed-sync instances share the change feed's leases. ingest runs once.
-    #[arg(long, value_name = "STAGE=N", value_delimiter = ',', value_parser = crate::platform::parse_scale)]
+    #[arg(long, value_name = "STAGE=N", value_delimiter = ',', value_parser = crate::local::parse_scale)]
     scale: Vec<(StageSpec, u16)>,
     /// Also run the knock-on delay extension (the second processor): dedup-state with
     /// `processor = "rotation"` (`rotation`, ports 8085/9195) predicting each flight's departure
@@ -206,7 +206,7 @@ pub async fn run(mut args: UpArgs) -> Result<()> {
     let stop_board = Arc::new(tokio::sync::Notify::new());
     let board_task = tokio::spawn({
         let stop = stop_board.clone();
-        crate::board::serve(board.clone(), listener, async move { stop.notified().await })
+        crate::commands::board::serve(board.clone(), listener, async move { stop.notified().await })
     });
     workdir::write_endpoints(&workdir, ports, &scale)?;
     println!("flight board: http://{board_address}/ (starting)");
@@ -236,7 +236,7 @@ pub async fn run(mut args: UpArgs) -> Result<()> {
         None => {
             let feed_args = args.feed.clone();
             let (stream, flights, estimate) =
-                tokio::task::spawn_blocking(move || crate::replay::feed(&feed_args))
+                tokio::task::spawn_blocking(move || crate::commands::replay::feed(&feed_args))
                     .await
                     .context("loading the flights")??;
             println!(
@@ -349,7 +349,7 @@ impl Run<'_> {
         let board_address = format!("127.0.0.1:{}", ports.board());
 
         let bar = up.multi.add(ProgressBar::new(estimate));
-        bar.set_style(crate::replay::bar_style());
+        bar.set_style(crate::commands::replay::bar_style());
         let status = up.multi.add(ProgressBar::new_spinner());
         status.set_style(
             ProgressStyle::with_template("{spinner} {msg}")
@@ -412,7 +412,7 @@ impl Run<'_> {
         up.milestones.replay_running.notify_one();
         up.set_phase("replaying").await;
         let replay_started = Instant::now();
-        let totals = crate::replay::post(stream, &args.feed, &target, &bar, &on_ack).await;
+        let totals = crate::commands::replay::post(stream, &args.feed, &target, &bar, &on_ack).await;
         Milestones::set(&up.milestones.replay_done);
         // Closes the sample channel: the sampler ends once its pending flights showed up.
         drop(on_ack);

@@ -12,7 +12,7 @@ use indicatif::ProgressBar;
 
 use super::context::{Milestones, Up};
 use crate::check::{Report, evaluate};
-use crate::store::Stores;
+use crate::stores::Stores;
 
 /// What delta-archiver archives in a run: each table and the topic it comes from.
 pub(super) fn archived_topics(rotation: bool) -> Vec<(Table, &'static str)> {
@@ -121,14 +121,16 @@ async fn caught_up(history: &History<'_>, deadline: Instant, status: &ProgressBa
         anyhow::Ok((
             *table,
             *topic,
-            crate::archived::last_offsets(&history.kafka, topic).await?,
+            crate::stores::archived::last_offsets(&history.kafka, topic).await?,
         ))
     }))
     .await?;
     loop {
         let mut behind = Vec::new();
         for (table, topic, targets) in &ends {
-            for partition in crate::archived::behind(history.delta_root, *table, topic, targets).await? {
+            for partition in
+                crate::stores::archived::behind(history.delta_root, *table, topic, targets).await?
+            {
                 behind.push(format!("{} ← {topic} {partition}", table.name()));
             }
         }
