@@ -11,9 +11,13 @@
 //! - [`wait_until`]: every wait is on a condition, with a deadline that says what it saw last.
 //! - [`read_topic`], [`TopicReader`]: read a whole topic back, every partition, no consumer group.
 //!
-//! Expectations and readers, one module per store or stage:
-//! - [`dedup`]: the oracle of dedup-state's outputs, re-derived over the raw records from
-//!   docs/CONTRACT.md, "Processing in dedup-state";
+//! Independent expectations, in [`oracles`] (code of their own, not the code under test):
+//! [`oracles::dedup`] re-derives dedup-state's outputs over the raw records from docs/CONTRACT.md,
+//! "Processing in dedup-state"; [`oracles::serving`] the serving documents from the events;
+//! [`oracles::rotation`] the knock-on predictions from the newest states.
+//!
+//! Harness per store or stage:
+//! - [`dedup`]: the raw feed and dedup-state as a process (its oracle re-exported as `oracle`);
 //! - [`delta`]: the Delta tables read back by an independent Python reader (`deltalake`);
 //! - [`cosmos`]: the Cosmos DB endpoint stand-in and cosmos-writer / changefeed-sync processes;
 //! - [`up`]: a whole `contrail up` platform; [`browser`]: headless Chromium over WebDriver.
@@ -30,10 +34,10 @@ pub mod delta;
 mod fixture;
 mod http;
 mod ingest;
+pub mod oracles;
 pub mod otlp;
 mod process;
 pub mod prometheus;
-pub mod rotation;
 mod topic;
 pub mod up;
 mod wait;
@@ -44,6 +48,7 @@ pub use http::{answers_200, http_get, http_post};
 pub use ingest::{IngestOptions, IngestUnderTest, event_ids, spawn_ingest, start_ingest};
 /// Signal numbers for [`send_signal`].
 pub use libc;
+pub use oracles::rotation;
 pub use process::{StageProcess, binary_dir, die_with_parent, free_port, send_signal, workspace_binary};
 pub use topic::{
     TopicReader, commit_group_offsets, create_topics, key_of, quiescent_ends, read_to_end,

@@ -8,11 +8,14 @@
 //! its own) is shared with the stage.
 //!
 //! Three rooms: [`feed`] (the events on the raw topic), [`oracle`] (the expectation and the check
-//! of the outputs against it) and [`stage`] (the process and its admin API).
+//! of the outputs against it, in [`crate::oracles::dedup`]) and [`stage`] (the process and its
+//! admin API).
 
 pub mod feed;
-pub mod oracle;
 pub mod stage;
+
+/// The expectation, in [`crate::oracles`].
+pub use crate::oracles::dedup as oracle;
 
 pub use feed::{RawRecord, produce_events, raw_records, realistic_feed, replay_events};
 pub use oracle::*;
