@@ -8,7 +8,8 @@ use clap::{Parser, Subcommand};
 use crate::DeltaArchiverConfig;
 
 /// Archives ops.events.accepted → events, ops.flights.curated → flight_states, ops.events.late →
-/// late_events and ops.flights.changes → serving_changes as Delta Lake tables under
+/// late_events, ops.flights.changes → serving_changes, ops.alerts → alerts (and, when configured,
+/// the knock-on predictions → predictions) as Delta Lake tables under
 /// CONTRAIL_DELTA_ROOT, partitioned by date. Exactly once: every commit stores the last offset of
 /// each source partition as a Delta txn action; a restarted or rebalanced instance resumes after
 /// it, and redelivered copies are dropped by identity. Undecodable records go to the dead-letter

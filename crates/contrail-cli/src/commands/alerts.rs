@@ -50,7 +50,7 @@ enum AlertsCommand {
         /// arrived for 2 s.
         #[arg(long)]
         no_follow: bool,
-        /// Only alerts of flights whose key contains this text (e.g. `UA1545` or `-EWR`).
+        /// Only alerts of flights whose key contains this text (e.g. `UA1545`, or `--flight=-EWR`).
         #[arg(long)]
         flight: Option<String>,
     },

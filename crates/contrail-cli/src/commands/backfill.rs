@@ -64,7 +64,7 @@ enum BackfillCommand {
 /// Options of `contrail backfill serving`.
 #[derive(Args, Debug)]
 pub struct ServingArgs {
-    /// Delta root of the history (a local path or an `abfss://` / `az://` URL), e.g. the
+    /// Delta root of the history (a local path or an `abfss://` URL), e.g. the
     /// `delta` directory of a `contrail up` working directory.
     #[arg(long, value_name = "ROOT")]
     from_delta: String,

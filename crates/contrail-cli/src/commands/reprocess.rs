@@ -34,7 +34,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 /// Options of `contrail backfill reprocess`.
 #[derive(Args, Debug)]
 pub struct ReprocessArgs {
-    /// Delta root of the history (a local path or an `abfss://` / `az://` URL), e.g. the `delta`
+    /// Delta root of the history (a local path or an `abfss://` URL), e.g. the `delta`
     /// directory of a `contrail up` working directory.
     #[arg(long, value_name = "ROOT")]
     from_delta: String,

@@ -62,8 +62,8 @@ pub struct UpArgs {
     /// from empty stores).
     #[arg(long, default_value = "contrail-up")]
     workdir: PathBuf,
-    /// Added to every port (board 8000, broker 9092, Cosmos 8900, stages 8080–8084 and
-    /// 9090/9091/9192–9194), to run next to another platform.
+    /// Added to every port (board 8000, broker 9092, Cosmos 8900, stages 8080–8086 and
+    /// 9090/9091/9192–9196), to run next to another platform.
     #[arg(long, default_value_t = 0, env = "CONTRAIL_PORT_OFFSET")]
     port_offset: u16,
     /// Partitions of every topic.
