@@ -360,6 +360,8 @@ mod tests {
     use crate::row::KafkaPosition;
 
     fn config(root: &Path, pause_ms: u64) -> DeltaArchiverConfig {
+        // Mutated only with the `testing` feature (which the workspace's test build enables).
+        #[cfg_attr(not(feature = "testing"), expect(unused_mut))]
         let mut config = DeltaArchiverConfig {
             delta_root: root.display().to_string(),
             ..DeltaArchiverConfig::default()
