@@ -1,0 +1,145 @@
+//! One batch of a partition: records into state, timers, outputs and the offset in one RocksDB
+//! write batch, then the outputs handed to the producer.
+
+use std::time::Instant;
+
+use contrail_state::{EngineConfig, InputRecord};
+
+use super::{ShardSet, lock_slot};
+use crate::config::ProcessorKind;
+use crate::error::DedupStateError;
+use crate::processor::{FlightProcessor, INVALID_KEY};
+use crate::records::{OwnedRecord, TracedBatch};
+use crate::rotation::RotationProcessor;
+
+impl ShardSet {
+    /// Processes one partition's records (in offset order) as one batch and produces the outputs.
+    /// Callers produce the queued re-sends first ([`ShardSet::produce_resends`]) and run one batch
+    /// of a partition at a time, so each output topic receives a partition's outputs in the order
+    /// of their input offsets; batches of different partitions may run on different threads. A
+    /// batch that does not start at the shard's stored offset is not processed:
+    /// [`Processed::Gap`] (the caller repositions the consumer).
+    pub(crate) fn process(
+        &self,
+        partition: i32,
+        records: &[OwnedRecord],
+        lateness_us: i64,
+        accept_gap: bool,
+    ) -> Result<Processed, DedupStateError> {
+        let started = Instant::now();
+        let now_ms = chrono::Utc::now().timestamp_millis();
+        for timestamp_ms in records.iter().filter_map(|record| record.timestamp_ms) {
+            self.metrics
+                .record_age_seconds
+                .observe(now_ms.saturating_sub(timestamp_ms).max(0) as f64 / 1000.0);
+        }
+        // Not ours (revoked while buffered, or closed meanwhile): the new owner reads them from its
+        // stored offset.
+        let Some((_, generation, slot)) = self.slots(Some(&[partition])).pop() else {
+            return Ok(Processed::Done);
+        };
+        let mut guard = lock_slot(&slot);
+        let Some(shard) = guard.as_mut() else {
+            return Ok(Processed::Done);
+        };
+        self.acknowledge_queued(partition, generation, shard);
+        let from = shard.progress().next_offset.unwrap_or(i64::MIN);
+        let records: Vec<&OwnedRecord> = records.iter().filter(|record| record.offset >= from).collect();
+        let traced = TracedBatch::new(partition, &records);
+        let inputs: Vec<InputRecord<'_>> = records
+            .iter()
+            .zip(&traced.contexts)
+            .map(|(record, trace)| InputRecord {
+                key: if record.key.is_empty() || record.key.contains(&0) {
+                    INVALID_KEY
+                } else {
+                    record.key.as_slice()
+                },
+                payload: &record.payload,
+                offset: record.offset,
+                trace: trace.as_deref().map(str::as_bytes),
+                timestamp_us: record.timestamp_ms.map(|millis| millis.saturating_mul(1_000)),
+            })
+            .collect();
+        let Some(first) = inputs.first() else {
+            return Ok(Processed::Done);
+        };
+        if from != i64::MIN && first.offset != from && !accept_gap {
+            // The fetch position is past the shard's offset (a seek that did not take, or records
+            // gone from the broker): never commit over it.
+            return Ok(Processed::Gap {
+                expected: from,
+                got: first.offset,
+            });
+        }
+        let now_us = chrono::Utc::now().timestamp_micros();
+        let engine = EngineConfig {
+            allowed_lateness_us: lateness_us,
+        };
+        let (topics, metrics, max_bytes) = (
+            self.processing.topics.clone(),
+            Some(self.metrics.clone()),
+            self.processing.max_message_bytes,
+        );
+        let result = traced.batch.in_scope(|| match self.processing.processor {
+            ProcessorKind::Flight => {
+                let rules = self.processing.rules;
+                let mut processor =
+                    FlightProcessor::new(rules, topics, partition, metrics, max_bytes).with_clock(now_us);
+                shard.process_batch(&inputs, &mut processor, &engine, now_us)
+            }
+            ProcessorKind::Rotation => {
+                let rules = self.processing.turn.clone();
+                let mut processor = RotationProcessor::new(rules, topics, partition, metrics, max_bytes);
+                shard.process_batch(&inputs, &mut processor, &engine, now_us)
+            }
+        })?;
+        traced.batch.record("outputs", result.outputs.len());
+        let next_offset = shard.progress().next_offset.unwrap_or(-1);
+        if next_offset % 64 == 0 || result.records >= 64 {
+            let bytes = shard.approximate_size_bytes();
+            self.metrics
+                .state_bytes
+                .with_label_values(&[&partition.to_string()])
+                .set(bytes as i64);
+        }
+        self.metrics.records.inc_by(result.records as u64);
+        self.metrics.evicted.inc_by(result.evicted as u64);
+        self.metrics.commits.inc();
+        self.metrics
+            .shard_offset
+            .with_label_values(&[&partition.to_string()])
+            .set(next_offset);
+        // The outputs are in the outbox now. The slot stays held until they are handed to the
+        // producer, so closing the shard waits for them.
+        let produced = result
+            .outputs
+            .iter()
+            .try_for_each(|(sequence, record)| self.send(partition, *sequence, record));
+        drop(guard);
+        if let Err(error) = produced {
+            // Everything not sent is in the outbox: a restart re-sends it in order.
+            let message = format!("producing the outputs of partition {partition}: {error}");
+            self.fail(message.clone());
+            return Err(DedupStateError::Broker(message));
+        }
+        self.metrics
+            .commit_seconds
+            .observe(started.elapsed().as_secs_f64());
+        Ok(Processed::Done)
+    }
+}
+
+/// What became of a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Processed {
+    /// Committed (or nothing to do).
+    Done,
+    /// Not processed: the first record is not at the shard's stored offset.
+    Gap {
+        /// The shard's stored offset.
+        expected: i64,
+        /// The first record's offset.
+        got: i64,
+    },
+}
