@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::Context;
 
 use super::context::{Milestones, Up};
-use super::supervisor::Platform;
+use crate::local::Platform;
 use crate::local::{ChaosPlan, shard_dir};
 
 /// What chaos is asked to do.

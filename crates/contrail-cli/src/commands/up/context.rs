@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use indicatif::MultiProgress;
 use tokio::sync::{Notify, RwLock};
 
-use super::supervisor::Platform;
 use crate::commands::board::BoardMeta;
+use crate::local::Platform;
 use crate::local::Ports;
 
 /// The running processes, shared by the tasks. A lock poisoned by a task that panicked holding it

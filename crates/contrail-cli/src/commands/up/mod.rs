@@ -3,18 +3,18 @@
 //! optional chaos (`kill -9` of a random stage every few seconds), the live flight board, and a
 //! summary with the exactly-once checks at the end.
 //!
-//! The rooms: [`supervisor`] (the processes), [`chaos`], [`status`] (live lag, waiting for the
-//! consumers), [`latency`], [`settle`] (the checks), [`summary`], [`workdir`]; [`context`] is what
-//! they share. This module parses the options and runs them in order.
+//! The rooms: [`start`] (starting `crate::local`'s platform, phase by phase), [`revive`] (restarts
+//! stages that exit), [`chaos`], [`status`] (live lag, waiting for the consumers), [`latency`],
+//! [`settle`] (the checks), [`summary`], [`workdir`]; [`context`] is what they share. This module parses the options and runs them in order.
 
 mod chaos;
 mod context;
 mod latency;
 mod revive;
 mod settle;
+mod start;
 mod status;
 mod summary;
-mod supervisor;
 mod workdir;
 
 use std::path::PathBuf;
@@ -258,16 +258,15 @@ pub async fn run(mut args: UpArgs) -> Result<()> {
     };
     workdir::write_secret(&workdir.join("ingest-token"), &ingest_token)?;
     let started = Instant::now();
-    let platform =
-        match supervisor::start_platform(&args, &scale, ports, &workdir, &ingest_token, &meta).await {
-            Ok(platform) => SharedPlatform::new(platform),
-            Err(error) => {
-                set_phase(&meta, &format!("failed to start: {error:#}")).await;
-                stop_board.notify_one();
-                let _ = board_task.await;
-                return Err(error);
-            }
-        };
+    let platform = match start::start_platform(&args, &scale, ports, &workdir, &ingest_token, &meta).await {
+        Ok(platform) => SharedPlatform::new(platform),
+        Err(error) => {
+            set_phase(&meta, &format!("failed to start: {error:#}")).await;
+            stop_board.notify_one();
+            let _ = board_task.await;
+            return Err(error);
+        }
+    };
     let up = Up {
         ports,
         workdir: workdir.clone(),
@@ -341,7 +340,7 @@ impl Run<'_> {
     async fn drive(&self, stream: Deliveries, flights: usize, estimate: u64) -> Result<()> {
         let (args, up, ports) = (self.args, &self.up, self.up.ports);
         let stores = Stores::open(
-            &supervisor::cosmos_config(ports, false),
+            &start::cosmos_config(ports, false),
             &up.workdir.join("delta").display().to_string(),
         )
         .await?;

@@ -1,49 +1,63 @@
-//! The platform's processes: starting them, keeping them running (a stage that exits on its own
-//! is restarted, as Kubernetes would), stopping them.
+//! A local platform's processes: the broker, the Cosmos endpoint and every instance of every
+//! stage, started in that order, kept running (a stage that exits on its own is restarted, as
+//! Kubernetes would) and stopped.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use tokio::sync::RwLock;
 
-use super::UpArgs;
-use crate::commands::board::{BoardMeta, set_phase};
-use crate::local::{Managed, Ports, Replica, Scale, sibling_binary, stage_env, tansu_binary};
+use super::{
+    Managed, Ports, Replica, Scale, cosmos_config, send_signal, sibling_binary, stage_env, tansu_binary,
+    wait_for_port,
+};
+
+/// How a local platform runs.
+#[derive(Debug, Clone)]
+pub struct PlatformOptions {
+    /// The broker keeps its log on disk (sqlite in WORKDIR/broker), so it survives a restart.
+    pub durable_broker: bool,
+    /// Partitions of every topic.
+    pub partitions: i32,
+    /// The token writers present to ingest.
+    pub ingest_token: String,
+    /// Settings every stage gets besides its own (OpenTelemetry's).
+    pub stage_env: Vec<(String, String)>,
+}
 
 /// The running processes.
-pub(super) struct Platform {
-    pub(super) broker: Managed,
-    pub(super) cosmos: Managed,
+pub struct Platform {
+    pub broker: Managed,
+    pub cosmos: Managed,
     /// Every instance of every stage, in pipeline order.
-    pub(super) stages: Vec<Managed>,
+    pub stages: Vec<Managed>,
     /// Which instance each of `stages` is.
-    pub(super) replicas: Vec<Replica>,
+    pub replicas: Vec<Replica>,
     /// Set by `shutdown`: the supervisor restarts nothing any more.
-    pub(super) stopping: bool,
+    pub stopping: bool,
     /// Broker restarts and dedup-state volume losses chaos caused.
-    pub(super) broker_restarts: u32,
-    pub(super) volume_losses: u32,
+    pub broker_restarts: u32,
+    pub volume_losses: u32,
 }
 
 impl Platform {
-    pub(super) fn kills(&self) -> BTreeMap<String, u32> {
+    pub fn kills(&self) -> BTreeMap<String, u32> {
         self.stages
             .iter()
             .map(|stage| (stage.name.clone(), stage.kills))
             .collect()
     }
 
-    pub(super) fn crashes(&self) -> u32 {
+    pub fn crashes(&self) -> u32 {
         self.stages.iter().map(|stage| stage.crashes).sum()
     }
 
     /// SIGTERM to every stage at once (each finishes and commits its batch), then the stores.
-    pub(super) fn shutdown(&mut self) {
+    pub fn shutdown(&mut self) {
         self.stopping = true;
         for stage in &self.stages {
-            crate::local::send_signal(stage.pid(), libc::SIGTERM);
+            send_signal(stage.pid(), libc::SIGTERM);
         }
         let deadline = Instant::now() + Duration::from_secs(30);
         for stage in &mut self.stages {
@@ -53,30 +67,51 @@ impl Platform {
             }
         }
         // Both at once: the broker takes ≈ 2 s to exit, and neither waits for the other.
-        crate::local::send_signal(self.cosmos.pid(), libc::SIGTERM);
-        crate::local::send_signal(self.broker.pid(), libc::SIGTERM);
+        send_signal(self.cosmos.pid(), libc::SIGTERM);
+        send_signal(self.broker.pid(), libc::SIGTERM);
         self.cosmos.stop(Duration::from_secs(5));
         self.broker.stop(Duration::from_secs(5));
+    }
+}
+
+impl Platform {
+    /// Restarts every stage that exited on its own. Returns what happened, one line each, and
+    /// whether supervision ends: on shutdown, or when the broker or the Cosmos endpoint exited
+    /// (nothing can go on then).
+    pub fn revive(&mut self) -> (Vec<String>, bool) {
+        let mut lines = Vec::new();
+        if self.stopping {
+            return (lines, true);
+        }
+        for stage in &mut self.stages {
+            match stage.revive() {
+                Ok(Some(status)) => lines.push(format!("{} exited ({status}); restarted", stage.name)),
+                Ok(None) => {}
+                Err(error) => lines.push(format!("{} cannot be restarted: {error:#}", stage.name)),
+            }
+        }
+        if let Some(status) = self.broker.exited() {
+            lines.push(format!("the local broker exited ({status})"));
+            return (lines, true);
+        }
+        if let Some(status) = self.cosmos.exited() {
+            lines.push(format!("the local Cosmos endpoint exited ({status})"));
+            return (lines, true);
+        }
+        (lines, false)
     }
 }
 
 /// How long the stages' instances have, together, to answer `/healthz` after they were spawned.
 const STAGES_LIVE_TIMEOUT: Duration = Duration::from_secs(180);
 
-pub(super) async fn start_platform(
-    args: &UpArgs,
-    scale: &Scale,
-    ports: Ports,
-    workdir: &Path,
-    ingest_token: &str,
-    meta: &RwLock<BoardMeta>,
-) -> Result<Platform> {
+/// Starts the local broker (logs in WORKDIR/logs).
+pub async fn start_broker(options: &PlatformOptions, ports: Ports, workdir: &Path) -> Result<Managed> {
     let logs = workdir.join("logs");
-    set_phase(meta, "starting: the local broker").await;
     let broker_url = format!("tcp://127.0.0.1:{}", ports.broker());
     // Durable: sqlite in WORKDIR/broker (tansu takes the path relative to its working directory).
     let broker_dir = workdir.join("broker");
-    let storage = if args.durable_broker {
+    let storage = if options.durable_broker {
         std::fs::create_dir_all(&broker_dir).with_context(|| format!("creating {}", broker_dir.display()))?;
         "sqlite://broker.db"
     } else {
@@ -101,16 +136,21 @@ pub(super) async fn start_platform(
         &broker_args,
         &[],
         &logs.join("broker.log"),
-        args.durable_broker.then_some(broker_dir.as_path()),
+        options.durable_broker.then_some(broker_dir.as_path()),
     )?;
     let address = format!("127.0.0.1:{}", ports.broker());
-    crate::local::wait_for_port(&address, Duration::from_secs(15), || broker.exited().is_none())
+    wait_for_port(&address, Duration::from_secs(15), || broker.exited().is_none())
         .await
         .with_context(|| {
             format!("starting the local broker on {address} (is the port free? try --port-offset)")
         })?;
 
-    set_phase(meta, "starting: the local Cosmos DB endpoint").await;
+    Ok(broker)
+}
+
+/// Starts the local Cosmos DB endpoint.
+pub async fn start_cosmos(ports: Ports, workdir: &Path) -> Result<Managed> {
+    let logs = workdir.join("logs");
     let cosmos_env = vec![
         (
             "CONTRAIL_COSMOS_DEV_LISTEN".to_owned(),
@@ -126,7 +166,7 @@ pub(super) async fn start_platform(
         &logs.join("cosmos-dev.log"),
     )?;
     let address = format!("127.0.0.1:{}", ports.cosmos());
-    crate::local::wait_for_port(&address, Duration::from_secs(15), || cosmos.exited().is_none())
+    wait_for_port(&address, Duration::from_secs(15), || cosmos.exited().is_none())
         .await
         .with_context(|| {
             format!(
@@ -135,33 +175,49 @@ pub(super) async fn start_platform(
             )
         })?;
 
-    set_phase(meta, "starting: topics, containers and the stages").await;
+    Ok(cosmos)
+}
+
+/// Creates the topics, the Cosmos database and its containers.
+pub async fn create_stores(options: &PlatformOptions, ports: Ports) -> Result<()> {
     let kafka = contrail_common::kafka::KafkaConfig {
         brokers: format!("127.0.0.1:{}", ports.broker()),
         ..contrail_common::kafka::KafkaConfig::default()
     };
     let topics = contrail_common::topology::topics::ALL;
-    contrail_common::kafka::create_topics(&kafka, "contrail-up", &topics, args.partitions)
+    contrail_common::kafka::create_topics(&kafka, "contrail-up", &topics, options.partitions)
         .await
         .context("creating the topics")?;
-    cosmos_config(ports, true)
+    cosmos_config(&ports.cosmos_endpoint(), None, true)
         .open("contrail-up")
         .await
         .context("creating the Cosmos database and containers")?;
 
+    Ok(())
+}
+
+/// Starts every instance of every stage and waits until all are live; a stage that exits fails
+/// the start at once with its log.
+pub async fn start_stages(
+    options: &PlatformOptions,
+    scale: &Scale,
+    ports: Ports,
+    workdir: &Path,
+) -> Result<(Vec<Managed>, Vec<Replica>)> {
+    let logs = workdir.join("logs");
     let replicas = scale.replicas();
     let mut stages = Vec::new();
     for replica in &replicas {
         let stage = &replica.stage;
-        let mut env = stage_env(replica, ports, workdir, args.partitions, scale.rotation());
+        let mut env = stage_env(replica, ports, workdir, options.partitions, scale.rotation());
         env.push(("RUST_LOG".to_owned(), "info".to_owned()));
-        env.extend(otlp_env(args));
+        env.extend(options.stage_env.iter().cloned());
         if stage.name == "ingest" {
             // Writers need the token; the admin API stays open on loopback like the other
             // stages' (contrail admin, the status line).
             env.push((
                 "CONTRAIL_AUTH__TOKENS".to_owned(),
-                serde_json::to_string(&[ingest_token])?,
+                serde_json::to_string(&[&options.ingest_token])?,
             ));
             env.push(("CONTRAIL_ADMIN_AUTH__TOKENS".to_owned(), "[]".to_owned()));
         }
@@ -218,35 +274,5 @@ pub(super) async fn start_platform(
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    Ok(Platform {
-        broker,
-        cosmos,
-        stages,
-        replicas,
-        stopping: false,
-        broker_restarts: 0,
-        volume_losses: 0,
-    })
-}
-
-/// The `[cosmos]` settings of a tool reading the local endpoint.
-pub(super) fn cosmos_config(ports: Ports, create: bool) -> contrail_cosmos::CosmosConfig {
-    crate::local::cosmos_config(&ports.cosmos_endpoint(), None, create)
-}
-
-/// The OpenTelemetry settings of every stage under `--otlp-endpoint` (none without it).
-fn otlp_env(args: &UpArgs) -> Vec<(String, String)> {
-    let Some(endpoint) = &args.otlp_endpoint else {
-        return Vec::new();
-    };
-    [
-        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.clone()),
-        ("OTEL_TRACES_SAMPLER", "parentbased_traceidratio".to_owned()),
-        ("OTEL_TRACES_SAMPLER_ARG", args.trace_ratio.to_string()),
-        // Spans leave every second, not every five (the SDK's default).
-        ("OTEL_BSP_SCHEDULE_DELAY", "1000".to_owned()),
-    ]
-    .into_iter()
-    .map(|(key, value)| (key.to_owned(), value))
-    .collect()
+    Ok((stages, replicas))
 }
