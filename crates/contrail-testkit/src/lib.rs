@@ -16,7 +16,7 @@
 //! "Processing in dedup-state"; [`oracles::serving`] the serving documents from the events;
 //! [`oracles::rotation`] the knock-on predictions from the newest states.
 //!
-//! Harness per store or stage:
+//! Harness per store or stage (all of the harness is in `src/harness/`):
 //! - [`dedup`]: the raw feed and dedup-state as a process (its oracle re-exported as `oracle`);
 //! - [`delta`]: the Delta tables read back by an independent Python reader (`deltalake`);
 //! - [`cosmos`]: the Cosmos DB endpoint stand-in and cosmos-writer / changefeed-sync processes;
@@ -25,33 +25,22 @@
 //! Children die with the test process (`PR_SET_PDEATHSIG`), so a failed test leaks no process.
 #![allow(unsafe_code)] // prctl/kill on child processes.
 
-pub mod azurite;
-mod broker;
-pub mod browser;
-pub mod cosmos;
-pub mod dedup;
-pub mod delta;
-mod fixture;
-mod http;
-mod ingest;
+mod harness;
 pub mod oracles;
-pub mod otlp;
-mod process;
-pub mod prometheus;
-mod topic;
-pub mod up;
-mod wait;
 
-pub use broker::{Broker, shared_broker, tansu_binary};
-pub use fixture::{Moments, test_dir, unique, workspace_root};
-pub use http::{answers_200, http_get, http_post};
-pub use ingest::{IngestOptions, IngestUnderTest, event_ids, spawn_ingest, start_ingest};
-/// Signal numbers for [`send_signal`].
-pub use libc;
-pub use oracles::rotation;
-pub use process::{StageProcess, binary_dir, die_with_parent, free_port, send_signal, workspace_binary};
-pub use topic::{
+pub use harness::broker::{Broker, shared_broker, tansu_binary};
+pub use harness::fixture::{Moments, test_dir, unique, workspace_root};
+pub use harness::http::{answers_200, http_get, http_post};
+pub use harness::ingest::{IngestOptions, IngestUnderTest, event_ids, spawn_ingest, start_ingest};
+pub use harness::process::{
+    StageProcess, binary_dir, die_with_parent, free_port, send_signal, workspace_binary,
+};
+pub use harness::topic::{
     TopicReader, commit_group_offsets, create_topics, key_of, quiescent_ends, read_to_end,
     read_to_end_at_least, read_topic, recreate_topics, send_waiting, settled_ends, test_producer,
 };
-pub use wait::{Probe, log_tail, wait_for_port, wait_until};
+pub use harness::wait::{Probe, log_tail, wait_for_port, wait_until};
+pub use harness::{azurite, browser, cosmos, dedup, delta, otlp, prometheus, up};
+/// Signal numbers for [`send_signal`].
+pub use libc;
+pub use oracles::rotation;

@@ -8,7 +8,7 @@ use contrail_proto::v1::{FlightState, OperationalEvent, SourcePosition};
 use prost::Message as _;
 use rdkafka::message::{Message as _, OwnedMessage};
 
-use crate::dedup::feed::RawRecord;
+use crate::harness::dedup::feed::RawRecord;
 
 /// The contract's time rules for the oracle (docs/CONTRACT.md), µs.
 pub struct OracleRules {

@@ -14,8 +14,8 @@ use contrail_proto::v1::{FlightPrediction, FlightState, OperationalEvent, Servin
 use prost::Message as _;
 use rdkafka::producer::Producer as _;
 
-use crate::cosmos::curated_stream;
-pub use crate::topic::topic_ends;
+use crate::harness::cosmos::curated_stream;
+pub use crate::harness::topic::topic_ends;
 
 /// A topic's records as `(key, payload)`, under the name of the table they feed.
 pub type TableRecords = (&'static str, Vec<(String, Vec<u8>)>);

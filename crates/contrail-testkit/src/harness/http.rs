@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 
-use crate::wait::Probe;
+use crate::harness::wait::Probe;
 
 /// Whether `GET url` answers 200; otherwise what it answered (status line or connection error).
 pub fn answers_200(url: &str) -> Probe<()> {

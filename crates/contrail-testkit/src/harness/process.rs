@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-use crate::wait::{Probe, log_tail, wait_until};
+use crate::harness::wait::{Probe, log_tail, wait_until};
 
 /// A free TCP port on 127.0.0.1 (bound, then released).
 pub fn free_port() -> u16 {

@@ -449,7 +449,7 @@ impl CosmosStage {
         records: usize,
         timeout: Duration,
     ) -> Result<()> {
-        let ends = crate::topic::topic_ends(brokers, topic, records)?
+        let ends = crate::harness::topic::topic_ends(brokers, topic, records)?
             .into_iter()
             .map(|(partition, end)| ((topic.to_owned(), partition), end))
             .collect();

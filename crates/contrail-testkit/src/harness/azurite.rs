@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 
-use crate::process::{StageProcess, free_port};
-use crate::wait::wait_for_port;
+use crate::harness::process::{StageProcess, free_port};
+use crate::harness::wait::wait_for_port;
 
 /// The emulator's account.
 pub const ACCOUNT: &str = "devstoreaccount1";

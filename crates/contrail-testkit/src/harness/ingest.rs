@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use anyhow::Result;
 
-use crate::fixture::unique;
-use crate::http::answers_200;
-use crate::process::{StageProcess, free_port, workspace_binary};
+use crate::harness::fixture::unique;
+use crate::harness::http::answers_200;
+use crate::harness::process::{StageProcess, free_port, workspace_binary};
 
 /// An ingest process and how to reach it.
 pub struct IngestUnderTest {
