@@ -505,3 +505,121 @@ fn schedules_published_months_ahead_are_applied_and_broken_clocks_move_nothing()
     );
     stage.process.terminate(Duration::from_secs(30)).expect("stops");
 }
+
+/// Bounded per-key state (docs/CONTRACT.md, "Bounded state"): a broken source sends a new
+/// estimate for one real flight every second, 50,000 distinct events. The flight accepts its
+/// maximum (set to 500 here) and no more: its stored record keeps 500 dedup entries, every event
+/// past the maximum is dead-lettered naming it, a redelivery of an accepted estimate is still a
+/// duplicate, and the other flights of the partition go on as the oracle expects.
+#[test]
+fn a_flight_sent_fifty_thousand_events_keeps_a_bounded_record_and_every_event_is_accounted_for() {
+    use prost::Message as _;
+    use rdkafka::Message as _;
+    const LIMIT: usize = 500;
+    const ESTIMATES: usize = 50_000;
+    let broker = shared_broker();
+    let topics = one_partition_topics(&broker.address);
+    let dir = test_dir("eo-bounded");
+    // In event-time order, so that with the short lateness bound below nothing of the day is late.
+    let mut day = replay_events((1, 2), (1, 2), no_duplicates());
+    day.sort_by_key(|event| event.event_time_us);
+    let key = day
+        .iter()
+        .find(|event| event.r#type == EventType::Scheduled as i32)
+        .map(|event| event.flight_key.clone())
+        .expect("a scheduled flight");
+    let mut feed = day.clone();
+    let own = feed.iter().filter(|event| event.flight_key == key).count();
+    let template = feed
+        .iter()
+        .find(|event| event.flight_key == key)
+        .cloned()
+        .expect("the flight's first event");
+    let start = feed
+        .iter()
+        .map(|event| event.event_time_us)
+        .max()
+        .expect("events");
+    let second = 1_000_000;
+    feed.extend((0..ESTIMATES as i64).map(|index| OperationalEvent {
+        event_id: format!("estimate-{index}"),
+        r#type: EventType::Estimated as i32,
+        event_time_us: start + index * second,
+        data: Some(EventData {
+            estimated_out_us: Some(start + (index % 600) * 60 * second),
+            ..EventData::default()
+        }),
+        ..template.clone()
+    }));
+    // A redelivery of the first estimate (accepted: the flight had room then).
+    let redelivery = feed[day.len()].clone();
+    feed.push(redelivery);
+    produce_events(&broker.address, &topics.raw, &feed).expect("produce");
+
+    let group = unique("eo-bounded");
+    let mut stage = start_dedup_state(DedupOptions {
+        extra_env: vec![
+            ("CONTRAIL_RULES__MAX_EVENTS_PER_FLIGHT".into(), LIMIT.to_string()),
+            // A short lateness bound keeps the flight's pending events few: the record is mostly
+            // its dedup entries, the part the maximum bounds.
+            ("CONTRAIL_RULES__ALLOWED_LATENESS_SECS".into(), "60".into()),
+        ],
+        ..DedupOptions::single(&broker.address, &topics, &group, &dir)
+    })
+    .expect("dedup-state starts");
+    stage
+        .wait_caught_up(1, Duration::from_secs(900))
+        .expect("caught up");
+
+    // In the scenario's own terms, counted from the feed: the flight's own events and the first
+    // estimates up to the maximum are applied; every later estimate is dead-lettered.
+    let full = own + ESTIMATES - LIMIT;
+    let letters = read_topic(&broker.address, &topics.dlq, full, Duration::from_secs(120)).expect("dlq");
+    assert_eq!(letters.len(), full, "one dead letter per event past the maximum");
+    let first_full = (day.len() + LIMIT - own) as i64;
+    for (index, message) in letters.iter().enumerate() {
+        let letter =
+            contrail_proto::v1::DeadLetter::decode(message.payload().unwrap_or_default()).expect("letter");
+        let offset = letter.input.as_ref().map_or(-1, |input| input.offset);
+        assert_eq!(offset, first_full + index as i64, "dead letters in input order");
+        assert!(
+            letter
+                .reason
+                .contains(&format!("the flight already accepted {LIMIT} events")),
+            "{}",
+            letter.reason
+        );
+    }
+    let read = stage.read_key_state(&key).expect("key state");
+    assert!(read.found);
+    assert_eq!(
+        read.dedup_event_ids.len(),
+        LIMIT,
+        "the record keeps one dedup entry per accepted event, no more"
+    );
+    assert!(
+        read.state_json.contains(&format!("\"version\":{LIMIT}")),
+        "{}",
+        read.state_json
+    );
+
+    // And by the oracle, over every flight of the partition (the redelivery is a duplicate).
+    let raw = raw_records(
+        &read_topic(&broker.address, &topics.raw, feed.len(), Duration::from_secs(120)).expect("raw"),
+    );
+    let expected = expect(
+        &raw,
+        OracleRules {
+            lateness_us: 60 * second,
+            max_events_per_flight: LIMIT,
+            ..OracleRules::default()
+        },
+    );
+    assert_eq!(expected.full.len(), full);
+    assert_eq!(expected.duplicates, 1);
+    assert_eq!(expected.accepted[&key].len(), LIMIT);
+    let accepted = expected.accepted.values().map(Vec::len).sum();
+    assert_eq!(accepted, day.len() + LIMIT - own);
+    check_dedup_outputs(&broker.address, &topics, &expected, accepted);
+    stage.process.terminate(Duration::from_secs(30)).expect("stops");
+}

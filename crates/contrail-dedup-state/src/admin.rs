@@ -92,6 +92,7 @@ impl StageStatus for DedupAdmin {
             ("invalid_records_total".to_owned(), verdict("invalid")),
             ("implausible_records_total".to_owned(), verdict("implausible")),
             ("states_too_large_total".to_owned(), verdict("state_too_large")),
+            ("flights_full_total".to_owned(), verdict("flight_full")),
             (
                 "timers_fired_total".to_owned(),
                 self.metrics.timers_fired.get() as f64,

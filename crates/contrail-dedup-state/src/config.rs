@@ -220,6 +220,10 @@ pub struct RulesConfig {
     /// ahead (a source with a broken clock writing to the raw topic directly) is dead-lettered and
     /// never moves the watermark (docs/CONTRACT.md, "Plausible time").
     pub max_clock_skew_secs: i64,
+    /// Most events one flight accepts in its life; a new event past it is dead-lettered with the
+    /// reason (`flight_full`), so one flight's stored record (its dedup entries and pending
+    /// events) stays bounded whatever a source sends (docs/CONTRACT.md, "Bounded state").
+    pub max_events_per_flight: u64,
 }
 
 impl Default for RulesConfig {
@@ -230,6 +234,7 @@ impl Default for RulesConfig {
             state_ttl_secs: 48 * 3_600,
             overdue_after_secs: 15 * 60,
             max_clock_skew_secs: 3_600,
+            max_events_per_flight: contrail_flight::flight::DEFAULT_MAX_EVENTS_PER_FLIGHT,
         }
     }
 }
@@ -244,6 +249,7 @@ impl RulesConfig {
             state_ttl_us: self.state_ttl_secs.saturating_mul(SECOND),
             overdue_after_us: self.overdue_after_secs.saturating_mul(SECOND),
             max_clock_skew_us: self.max_clock_skew_secs.saturating_mul(SECOND),
+            max_events_per_flight: self.max_events_per_flight,
         }
     }
 }
@@ -349,6 +355,10 @@ impl DedupStateConfig {
     }
 }
 
+/// The largest `rules.max_events_per_flight` accepted: a flight's record (read and written whole
+/// for each of its events) holds one dedup entry per accepted event.
+const MAX_EVENTS_PER_FLIGHT_LIMIT: u64 = 100_000;
+
 impl DedupStateConfig {
     /// Checks values serde cannot; the message names the key and the bad value.
     pub fn validate(&self) -> Result<(), String> {
@@ -378,6 +388,13 @@ impl DedupStateConfig {
                  live at least as long as a flight's state, or a redelivery to a live flight would be \
                  applied twice",
                 rules.dedup_ttl_secs, rules.state_ttl_secs
+            ));
+        }
+        if !(1..=MAX_EVENTS_PER_FLIGHT_LIMIT).contains(&rules.max_events_per_flight) {
+            return Err(format!(
+                "rules.max_events_per_flight = {}: must be between 1 and {MAX_EVENTS_PER_FLIGHT_LIMIT} \
+                 (each accepted event keeps a dedup entry in its flight's record until the flight expires)",
+                rules.max_events_per_flight
             ));
         }
         if self.batch.max_records == 0 {

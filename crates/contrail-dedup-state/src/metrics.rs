@@ -52,7 +52,7 @@ impl DedupMetrics {
             records: registry.counter("contrail_dedup_records_total", "Input records processed"),
             verdicts: registry.counter_vec(
                 "contrail_dedup_events_total",
-                "Events by verdict: accepted, duplicate, late, late_expired, invalid, implausible, state_too_large",
+                "Events by verdict: accepted, duplicate, late, late_expired, invalid, implausible, flight_full, state_too_large",
                 &["verdict"],
             ),
             timers_fired: registry.counter("contrail_dedup_timers_fired_total", "User timers fired"),

@@ -116,7 +116,7 @@ impl FlightProcessor {
     }
 
     /// Dead-letters `record` for `reason`, counted under `verdict` (`invalid`, `implausible`,
-    /// `state_too_large`).
+    /// `flight_full`, `state_too_large`).
     fn dead_letter(
         &self,
         context: &mut KeyContext<'_>,
@@ -299,6 +299,16 @@ impl StatefulProcessor for FlightProcessor {
                 late.input = Some(position);
                 late.late_reason = reason.as_str().to_owned();
                 context.emit(&self.topics.late, record.key, late.encode_to_vec());
+            }
+            Verdict::Full { limit } => {
+                // Bounded per-key state: the flight's record already holds its maximum of
+                // accepted events; this one is not applied (the record stays as it was).
+                let reason = format!(
+                    "event {:?} of {}: the flight already accepted {limit} events, the most a flight \
+                     accepts (rules.max_events_per_flight); not applied",
+                    event.event_id, event.flight_key
+                );
+                self.dead_letter(context, record, "flight_full", reason);
             }
             Verdict::Accepted { state } => {
                 let Some(mut key_state) = key_state else {

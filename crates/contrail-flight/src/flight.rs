@@ -12,7 +12,13 @@ use contrail_proto::v1::{EventType, FlightState, OperationalEvent, SourcePositio
 
 use crate::fold::{apply, empty_state, order_key, status};
 
-/// The time rules of docs/CONTRACT.md, in microseconds of event time.
+/// The default of [`Rules::max_events_per_flight`]: a real flight has tens of events; a source
+/// that sends thousands of distinct ones for one flight is broken, and its events are
+/// dead-lettered past this rather than growing the flight's stored record without end.
+pub const DEFAULT_MAX_EVENTS_PER_FLIGHT: u64 = 2_048;
+
+/// The rules of docs/CONTRACT.md, "Processing in dedup-state" (times in microseconds of event
+/// time).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Rules {
     /// How far behind the key's newest event an event may be and still be applied (default 1 h).
@@ -26,6 +32,10 @@ pub struct Rules {
     pub overdue_after_us: i64,
     /// How far ahead of the processing clock an event time may be (plausible time, 1 h).
     pub max_clock_skew_us: i64,
+    /// Most events a flight accepts in its life (default 2,048): its stored dedup entries and
+    /// pending events never exceed it, so one flight's stored record stays bounded however many
+    /// distinct events a source sends for it. A new event past it is [`Verdict::Full`].
+    pub max_events_per_flight: u64,
 }
 
 impl Default for Rules {
@@ -37,6 +47,7 @@ impl Default for Rules {
             state_ttl_us: 48 * HOUR,
             overdue_after_us: 15 * 60_000_000,
             max_clock_skew_us: HOUR,
+            max_events_per_flight: DEFAULT_MAX_EVENTS_PER_FLIGHT,
         }
     }
 }
@@ -74,6 +85,12 @@ pub enum Verdict {
         watermark_us: i64,
         /// Why.
         reason: LateReason,
+    },
+    /// Not applied: the flight already accepted `limit` events ([`Rules::max_events_per_flight`]).
+    /// Dead-lettered with the reason; the flight's state stays as it was.
+    Full {
+        /// The limit it reached.
+        limit: u64,
     },
     /// Applied: emit `state` (version = accepted count) and the event itself.
     Accepted {
@@ -121,7 +138,8 @@ pub fn is_expired(
 /// 1. a live dedup entry (in `key_state`'s `seen`, or `already_seen` from elsewhere) → duplicate;
 /// 2. the flight's horizon is at or behind the shard watermark → late, `expired`;
 /// 3. older than the flight's watermark (its newest event − `allowed_lateness`) → late;
-/// 4. otherwise accepted: `key_state` is updated in place (created for a new flight).
+/// 4. the flight already accepted `max_events_per_flight` events → full (not applied);
+/// 5. otherwise accepted: `key_state` is updated in place (created for a new flight).
 pub fn decide(
     key_state: &mut Option<FlightKeyState>,
     event: &OperationalEvent,
@@ -151,6 +169,11 @@ pub fn decide(
             return Verdict::Late {
                 watermark_us,
                 reason: LateReason::Lateness,
+            };
+        }
+        if state.accepted >= rules.max_events_per_flight {
+            return Verdict::Full {
+                limit: rules.max_events_per_flight,
             };
         }
     }

@@ -55,6 +55,7 @@ fn run(arrivals: &[OperationalEvent], rules: &Rules) -> (Option<FlightState>, us
             }
             Verdict::Duplicate => duplicates += 1,
             Verdict::Late { .. } => late += 1,
+            Verdict::Full { limit } => panic!("no flight here has {limit} events"),
         }
     }
     (last, accepted, duplicates, late)
@@ -149,6 +150,7 @@ proptest! {
                     prop_assert_eq!(without_input(*state), reference(&accepted_events));
                 }
                 Verdict::Duplicate => prop_assert!(false, "no duplicates were sent"),
+                Verdict::Full { .. } => prop_assert!(false, "no flight here reaches the limit"),
             }
         }
     }
@@ -202,6 +204,7 @@ proptest! {
                 }
                 Verdict::Late { reason, .. } => prop_assert_eq!(Some(reason), expected),
                 Verdict::Duplicate => prop_assert!(false, "no duplicates were sent"),
+                Verdict::Full { .. } => prop_assert!(false, "no flight here reaches the limit"),
             }
         }
     }
@@ -532,5 +535,71 @@ fn current_state_matches_the_last_emitted_state() {
     assert_eq!(
         without_input(current_state(&stored)),
         without_input(last.expect("emitted"))
+    );
+}
+
+#[test]
+fn a_flight_accepts_at_most_its_limit_and_its_record_stays_bounded() {
+    let rules = Rules {
+        max_events_per_flight: 5,
+        ..Rules::default()
+    };
+    let mut key_state = None;
+    let mut verdicts = Vec::new();
+    let mut shard_max = i64::MIN;
+    let mut decide_at = |key_state: &mut Option<FlightKeyState>, event: &OperationalEvent| {
+        shard_max = shard_max.max(event.event_time_us);
+        decide(
+            key_state,
+            event,
+            &SourcePosition::default(),
+            false,
+            SERVICE_END,
+            shard_max - rules.allowed_lateness_us,
+            &rules,
+        )
+    };
+    // A source sending a new estimate every minute: 50 distinct events of one flight.
+    for minute in 0..50 {
+        let event = event(&format!("e{minute}"), EventType::Estimated, minute);
+        verdicts.push(decide_at(&mut key_state, &event));
+    }
+    let versions: Vec<u64> = verdicts
+        .iter()
+        .filter_map(|verdict| match verdict {
+            Verdict::Accepted { state } => Some(state.version),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(versions, [1, 2, 3, 4, 5]);
+    assert_eq!(
+        verdicts[5..]
+            .iter()
+            .filter(|verdict| **verdict == Verdict::Full { limit: 5 })
+            .count(),
+        45,
+        "every event past the limit is refused as full: {verdicts:?}"
+    );
+    let stored = key_state.clone().expect("the flight's record");
+    assert_eq!(stored.accepted, 5);
+    assert_eq!(stored.seen.len(), 5);
+    assert!(stored.pending.len() <= 5);
+    // A redelivery of an accepted event is still a duplicate, and an event behind the flight's
+    // watermark still late: the limit refuses only what would have been applied.
+    assert_eq!(
+        decide_at(&mut key_state, &event("e3", EventType::Estimated, 3)),
+        Verdict::Duplicate
+    );
+    assert!(matches!(
+        decide_at(&mut key_state, &event("old", EventType::Estimated, -120)),
+        Verdict::Late {
+            reason: LateReason::Lateness,
+            ..
+        }
+    ));
+    assert_eq!(
+        key_state,
+        Some(stored),
+        "refused events leave the record as it was"
     );
 }

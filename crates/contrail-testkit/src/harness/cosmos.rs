@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use contrail_flight::document::flight_document;
-use contrail_flight::fold::{apply, empty_state, order_key};
 use contrail_proto::v1::{FlightState, OperationalEvent};
 use prost::Message as _;
 use rdkafka::producer::Producer as _;
@@ -114,7 +113,8 @@ pub async fn containers_with_key(endpoint: &str, key: &str) -> Result<contrail_c
 
 /// A curated stream: for every flight of `events`, one `FlightState` per distinct accepted event
 /// (duplicates by event id dropped), version k = the fold of the flight's first k events in
-/// event-time order — what dedup-state emits, computed here without it. In arrival order; each
+/// event-time order (the oracles' own model of the fold) — what dedup-state emits, computed
+/// here without it. In arrival order; each
 /// state carries the input position of the event that produced it (when the event has one).
 pub fn curated_stream(events: &[OperationalEvent]) -> Vec<FlightState> {
     let mut seen: HashSet<(&str, &str)> = HashSet::new();
@@ -126,12 +126,7 @@ pub fn curated_stream(events: &[OperationalEvent]) -> Vec<FlightState> {
         }
         let accepted = per_flight.entry(event.flight_key.as_str()).or_default();
         accepted.push(event);
-        let mut ordered = accepted.clone();
-        ordered.sort_by(|a, b| order_key(a).cmp(&order_key(b)));
-        let mut state = empty_state(ordered[0]);
-        for event in &ordered {
-            apply(&mut state, event);
-        }
+        let mut state = crate::oracles::fold::folded_state(accepted);
         state.version = accepted.len() as u64;
         state.input = event.input.clone();
         states.push(state);

@@ -3,12 +3,12 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use contrail_flight::fold::{apply, empty_state, order_key};
 use contrail_proto::v1::{FlightState, OperationalEvent, SourcePosition};
 use prost::Message as _;
 use rdkafka::message::{Message as _, OwnedMessage};
 
 use crate::harness::dedup::feed::RawRecord;
+use crate::oracles::fold::folded_state;
 
 /// The contract's time rules for the oracle (docs/CONTRACT.md), µs.
 pub struct OracleRules {
@@ -18,6 +18,8 @@ pub struct OracleRules {
     pub dedup_ttl_us: i64,
     /// State lifetime after the later of a flight's service date's end and its newest event.
     pub state_ttl_us: i64,
+    /// Most events a flight accepts in its life; later new ones are dead-lettered.
+    pub max_events_per_flight: usize,
 }
 
 const DAY_US: i64 = 86_400_000_000;
@@ -37,6 +39,7 @@ impl Default for OracleRules {
             lateness_us: HOUR,
             dedup_ttl_us: 72 * HOUR,
             state_ttl_us: 48 * HOUR,
+            max_events_per_flight: 2_048,
         }
     }
 }
@@ -52,6 +55,9 @@ pub struct Expected {
     /// before or 7 days after its date, or a key with no date): dead-lettered, never applied,
     /// never moving the watermark.
     pub implausible: BTreeSet<(i32, i64)>,
+    /// Positions of new events of a flight that had accepted its maximum already: dead-lettered,
+    /// never applied.
+    pub full: BTreeSet<(i32, i64)>,
     /// Flights accepted again after their record was deleted (they would start again at version
     /// 1). The lifetime rule makes this impossible: a test asserts it stays empty.
     pub restarted: Vec<String>,
@@ -158,6 +164,10 @@ pub fn expect(records: &[RawRecord], rules: OracleRules) -> Expected {
                     expected.late.insert(position, reason);
                     break 'decide;
                 }
+                if kept.is_some_and(|(_, count)| count >= rules.max_events_per_flight) {
+                    expected.full.insert(position);
+                    break 'decide;
+                }
                 if kept.is_none() && keys.contains_key(key) {
                     expected.restarted.push(key.to_owned());
                     expected.accepted.remove(key);
@@ -248,14 +258,11 @@ pub fn delta_identities(expected: &Expected) -> BTreeMap<&'static str, Vec<Strin
     identities
 }
 
-/// The final `FlightState` of a flight's accepted events: the fold in (event_time, event_id) order.
+/// The final `FlightState` of a flight's accepted events: the fold in (event_time, event_id)
+/// order, by the oracles' own model of it ([`folded_state`]).
 pub fn expected_final_state(accepted: &[(OperationalEvent, SourcePosition)]) -> FlightState {
-    let mut ordered: Vec<&OperationalEvent> = accepted.iter().map(|(event, _)| event).collect();
-    ordered.sort_by(|a, b| order_key(a).cmp(&order_key(b)));
-    let mut state = empty_state(ordered[0]);
-    for event in ordered {
-        apply(&mut state, event);
-    }
+    let events: Vec<&OperationalEvent> = accepted.iter().map(|(event, _)| event).collect();
+    let mut state = folded_state(&events);
     state.version = accepted.len() as u64;
     state.input = accepted.last().map(|(_, position)| position.clone());
     state

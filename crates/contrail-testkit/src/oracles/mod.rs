@@ -3,5 +3,6 @@
 //! in this crate is the harness (processes, brokers, endpoints, readers).
 
 pub mod dedup;
+pub mod fold;
 pub mod rotation;
 pub mod serving;
