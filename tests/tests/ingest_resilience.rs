@@ -188,6 +188,126 @@ async fn broker_outage_is_answered_503_or_429_and_nothing_acknowledged_is_lost()
     ingest.process.kill9();
 }
 
+/// The byte bound (`limits.max_in_flight_bytes`): while the broker is frozen, one request's
+/// records hold most of the bytes ingest may have unacknowledged; a second request that would
+/// pass the bound is refused at once — `429` with `Retry-After`, naming the bytes — while the
+/// record bound is far away. Once the broker is back the first is acknowledged, the second is
+/// taken on its retry, and every acknowledged event is on the topic.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_byte_bound_is_answered_429_with_retry_after_and_nothing_acknowledged_is_lost() {
+    const BOUND: usize = 64 * 1024;
+    let broker = Broker::start().expect("own broker: this test freezes it");
+    let ingest = start_ingest(IngestOptions {
+        brokers: &broker.address,
+        extra_env: vec![
+            ("CONTRAIL_LIMITS__MAX_IN_FLIGHT_BYTES".into(), BOUND.to_string()),
+            ("CONTRAIL_LIMITS__MAX_BODY_BYTES".into(), BOUND.to_string()),
+            ("CONTRAIL_LIMITS__MAX_IN_FLIGHT_RECORDS".into(), "100000".into()),
+            ("CONTRAIL_LIMITS__PRODUCE_TIMEOUT_MS".into(), "60000".into()),
+        ],
+        dir: None,
+        topic_prefix: None,
+    })
+    .expect("ingest starts");
+    // Two bodies of real events, each over half the bound.
+    let events = real_events(2, 600);
+    let mut bodies = Vec::new();
+    let mut body = String::new();
+    let mut ids = Vec::new();
+    for event in &events {
+        body.push_str(&format!("{event}\n"));
+        ids.push(event["event_id"].as_str().expect("id").to_owned());
+        if body.len() > BOUND * 3 / 5 {
+            bodies.push((std::mem::take(&mut body), std::mem::take(&mut ids)));
+            if bodies.len() == 2 {
+                break;
+            }
+        }
+    }
+    assert_eq!(
+        bodies.len(),
+        2,
+        "600 events make two bodies of {} bytes",
+        BOUND * 3 / 5
+    );
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(90))
+        .build()
+        .expect("client");
+    let url = format!("{}/v1/events", ingest.http_url);
+    let post = |body: String| client.post(&url).bearer_auth(&ingest.token).body(body).send();
+
+    broker.pause();
+    let first = tokio::spawn(post(bodies[0].0.clone()));
+    // The first request's records are in flight (waiting for the frozen broker).
+    let metrics = format!("{}/metrics", ingest.http_url);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let text = client
+            .get(&metrics)
+            .send()
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("metrics text");
+        let in_flight = text
+            .lines()
+            .find_map(|line| line.strip_prefix("contrail_ingest_in_flight_records "))
+            .and_then(|value| value.trim().parse::<f64>().ok())
+            .unwrap_or(0.0);
+        if in_flight > 0.0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the first request's records never showed in flight: {in_flight}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let refused = post(bodies[1].0.clone()).await.expect("second request answered");
+    assert_eq!(refused.status().as_u16(), 429, "over the byte bound");
+    assert_eq!(
+        refused
+            .headers()
+            .get("retry-after")
+            .and_then(|value| value.to_str().ok()),
+        Some("1")
+    );
+    let error: Value = refused.json().await.expect("json error");
+    let message = error["error"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("bytes in flight") && message.contains(&format!("limit {BOUND}")),
+        "the refusal names the byte bound: {message}"
+    );
+
+    broker.resume();
+    let first = first.await.expect("join").expect("first request answered");
+    assert_eq!(
+        first.status().as_u16(),
+        202,
+        "acknowledged once the broker is back"
+    );
+    // The client retries after Retry-After; the bytes are free again.
+    let retried = post(bodies[1].0.clone()).await.expect("retry answered");
+    assert_eq!(retried.status().as_u16(), 202);
+
+    let acknowledged: BTreeSet<String> = bodies.iter().flat_map(|(_, ids)| ids.iter().cloned()).collect();
+    let brokers = broker.address.clone();
+    let topic = ingest.raw_topic.clone();
+    let expected = acknowledged.len();
+    let on_topic: BTreeSet<String> =
+        tokio::task::spawn_blocking(move || ids_on_topic(&brokers, &topic, expected))
+            .await
+            .expect("join")
+            .into_iter()
+            .collect();
+    assert_eq!(
+        on_topic, acknowledged,
+        "every acknowledged event is on the topic, and nothing refused"
+    );
+}
+
 /// Every page request a feed saw: (feed name, cursor).
 type RequestLog = Arc<Mutex<Vec<(String, Option<usize>)>>>;
 
