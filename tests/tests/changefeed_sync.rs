@@ -343,6 +343,87 @@ fn a_split_feed_range_keeps_delivering_every_change() {
     );
 }
 
+/// Deletes every lease document of the dev endpoint's lease container but the first by id, as an
+/// interrupted bootstrap (or an operator) leaves them; returns how many it deleted.
+fn delete_all_leases_but_one(dev: &CosmosDev) -> usize {
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    runtime.block_on(async {
+        use futures::StreamExt as _;
+        let containers = dev.containers().await.expect("client");
+        let mut ids = Vec::new();
+        let mut items = containers
+            .leases
+            .query_items::<serde_json::Value>(
+                "SELECT c.id FROM c",
+                azure_data_cosmos::FeedScope::full_container(),
+                None,
+            )
+            .await
+            .expect("query leases");
+        while let Some(item) = items.next().await {
+            ids.push(item.expect("lease")["id"].as_str().expect("id").to_owned());
+        }
+        ids.sort();
+        for id in &ids[1..] {
+            containers
+                .leases
+                .delete_item(id.clone(), id, None)
+                .await
+                .expect("delete a lease");
+        }
+        ids.len() - 1
+    })
+}
+
+/// The periodic lease check (`leases.coverage_check_interval_ms`): leases deleted while
+/// changefeed-sync runs are given back by the running process — it says so in its log — and
+/// every change written afterwards arrives, whichever feed range it is in.
+#[test]
+fn leases_deleted_while_running_are_given_back_and_every_range_is_read() {
+    let broker = shared_broker();
+    let dir = test_dir("changefeed-lease-check");
+    let dev = CosmosDev::start(&dir).expect("cosmos-dev");
+    let topic = format!("{}.ops.flights.changes", unique("c"));
+    create_topics(&broker.address, &[&topic], 4).expect("topic");
+    let ranges = feed_ranges(&dev);
+    let mut env = sync_env(&broker.address, &topic, "sync-check", &dev);
+    env.push((
+        "CONTRAIL_LEASES__COVERAGE_CHECK_INTERVAL_MS".to_owned(),
+        "1000".to_owned(),
+    ));
+    let mut stage = CosmosStage::start("changefeed-sync", env, &dir.join("sync")).expect("changefeed-sync");
+    wait_for_owners(&mut stage, "every range leased", |owners| owners.len() == ranges);
+    let given_back = "feed ranges without a lease found and given one";
+    assert!(
+        !stage.log_text().contains(given_back),
+        "nothing was missing at start"
+    );
+
+    assert_eq!(delete_all_leases_but_one(&dev), ranges - 1);
+    wait_until(
+        "changefeed-sync gives the deleted leases back while it runs",
+        Duration::from_secs(30),
+        || {
+            Ok(if stage.log_text().contains(given_back) {
+                Probe::Ready(())
+            } else {
+                Probe::NotYet(stage.process.log_tail(5))
+            })
+        },
+    )
+    .expect("leases given back");
+    write_versions(&dev.endpoint, 80, 1, 1, Duration::ZERO);
+    changes_covering(
+        &broker.address,
+        &topic,
+        &stored(&dev, 80),
+        Duration::from_secs(60),
+    );
+    wait_for_owners(&mut stage, "every range leased again", |owners| {
+        owners.len() == ranges
+    });
+}
+
 /// Every feed range has a lease (docs/CONTRACT.md, "No silent gap"): a bootstrap interrupted after
 /// its first lease leaves one lease of the container's four. On its next start changefeed-sync
 /// completes the set — it checks every feed range against the leases, not only whether any lease
@@ -368,33 +449,7 @@ fn a_partial_lease_set_is_completed_and_every_range_is_read() {
     )
     .expect("changefeed-sync");
     first.process.terminate(Duration::from_secs(30)).expect("stops");
-    let runtime = tokio::runtime::Runtime::new().expect("runtime");
-    let deleted = runtime.block_on(async {
-        use futures::StreamExt as _;
-        let containers = dev.containers().await.expect("client");
-        let mut ids = Vec::new();
-        let mut items = containers
-            .leases
-            .query_items::<serde_json::Value>(
-                "SELECT c.id FROM c",
-                azure_data_cosmos::FeedScope::full_container(),
-                None,
-            )
-            .await
-            .expect("query leases");
-        while let Some(item) = items.next().await {
-            ids.push(item.expect("lease")["id"].as_str().expect("id").to_owned());
-        }
-        ids.sort();
-        for id in &ids[1..] {
-            containers
-                .leases
-                .delete_item(id.clone(), id, None)
-                .await
-                .expect("delete a lease");
-        }
-        ids.len() - 1
-    });
+    let deleted = delete_all_leases_but_one(&dev);
     assert_eq!(
         deleted,
         ranges - 1,
