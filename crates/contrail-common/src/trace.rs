@@ -181,17 +181,57 @@ pub struct Sampler {
 }
 
 impl Sampler {
-    /// The sampler of this process: exporting when `OTEL_EXPORTER_OTLP_ENDPOINT` is set, at the
-    /// ratio the OpenTelemetry SDK samples new traces at (`OTEL_TRACES_SAMPLER_ARG`, 1.0 when
-    /// unset), so callers' traces are sampled like contrail's own.
+    /// The sampler of this process: exporting when `OTEL_EXPORTER_OTLP_ENDPOINT` is set, sampling
+    /// as the standard `OTEL_TRACES_SAMPLER` and `OTEL_TRACES_SAMPLER_ARG` say
+    /// ([`Sampler::from_settings`]), so callers' traces are sampled like contrail's own. A value
+    /// it cannot use is logged, naming it, and the default (every trace) applies, as
+    /// OpenTelemetry's SDKs do.
     pub fn from_env() -> Sampler {
         let exporting = std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT").is_ok_and(|value| !value.is_empty());
-        let ratio = std::env::var("OTEL_TRACES_SAMPLER_ARG")
-            .ok()
-            .and_then(|value| value.trim().parse::<f64>().ok())
-            .filter(|ratio| ratio.is_finite())
-            .map_or(1.0, |ratio| ratio.clamp(0.0, 1.0));
-        Sampler { exporting, ratio }
+        let sampler = std::env::var("OTEL_TRACES_SAMPLER").ok();
+        let arg = std::env::var("OTEL_TRACES_SAMPLER_ARG").ok();
+        Sampler::from_settings(exporting, sampler.as_deref(), arg.as_deref()).unwrap_or_else(|message| {
+            tracing::warn!(%message, "trace sampling settings not usable; sampling every trace");
+            Sampler {
+                exporting,
+                ratio: 1.0,
+            }
+        })
+    }
+
+    /// The sampler the standard settings describe: `always_on` and `parentbased_always_on` (the
+    /// default) sample every trace, `always_off` and `parentbased_always_off` none,
+    /// `traceidratio` and `parentbased_traceidratio` the share `arg` (0.0–1.0; 1.0 when unset).
+    /// The `parentbased_` ones sample as their root sampler: contrail decides for a caller's
+    /// trace too (a caller's sampled flag is not followed). `Err` names a value it cannot use.
+    pub fn from_settings(
+        exporting: bool,
+        sampler: Option<&str>,
+        arg: Option<&str>,
+    ) -> Result<Sampler, String> {
+        let name = sampler.map(str::trim).filter(|name| !name.is_empty());
+        let ratio = match name.unwrap_or("parentbased_always_on") {
+            "always_on" | "parentbased_always_on" => 1.0,
+            "always_off" | "parentbased_always_off" => 0.0,
+            "traceidratio" | "parentbased_traceidratio" => match arg.map(str::trim) {
+                None | Some("") => 1.0,
+                Some(text) => match text.parse::<f64>() {
+                    Ok(ratio) if (0.0..=1.0).contains(&ratio) => ratio,
+                    _ => {
+                        return Err(format!(
+                            "OTEL_TRACES_SAMPLER_ARG = {text:?}: must be a number from 0.0 to 1.0"
+                        ));
+                    }
+                },
+            },
+            other => {
+                return Err(format!(
+                    "OTEL_TRACES_SAMPLER = {other:?}: contrail knows always_on, always_off, \
+                     traceidratio and their parentbased_ forms"
+                ));
+            }
+        };
+        Ok(Sampler { exporting, ratio })
     }
 
     /// Whether the trace `trace_id` is sampled.
@@ -387,5 +427,36 @@ mod tests {
             prop_assert_eq!(header.len(), TRACEPARENT_LEN);
             prop_assert_eq!(TraceParent::parse(header.as_bytes()), Some(parent));
         }
+    }
+
+    #[test]
+    fn the_standard_sampler_settings_are_honoured_and_bad_ones_named() {
+        let ratio = |sampler: Option<&str>, arg: Option<&str>| {
+            Sampler::from_settings(true, sampler, arg).map(|sampler| sampler.ratio)
+        };
+        assert_eq!(ratio(None, None), Ok(1.0), "default: parentbased_always_on");
+        assert_eq!(
+            ratio(None, Some("0.25")),
+            Ok(1.0),
+            "an argument alone changes nothing"
+        );
+        assert_eq!(ratio(Some("always_on"), None), Ok(1.0));
+        assert_eq!(ratio(Some("always_off"), Some("0.5")), Ok(0.0));
+        assert_eq!(ratio(Some("parentbased_always_off"), None), Ok(0.0));
+        assert_eq!(ratio(Some("traceidratio"), Some("0.25")), Ok(0.25));
+        assert_eq!(ratio(Some("parentbased_traceidratio"), Some(" 0.01 ")), Ok(0.01));
+        assert_eq!(ratio(Some("parentbased_traceidratio"), None), Ok(1.0));
+        let bad_arg = ratio(Some("traceidratio"), Some("1.5")).expect_err("out of range");
+        assert!(bad_arg.contains("OTEL_TRACES_SAMPLER_ARG = \"1.5\""), "{bad_arg}");
+        let bad_name = ratio(Some("jaeger_remote"), None).expect_err("unknown");
+        assert!(
+            bad_name.contains("OTEL_TRACES_SAMPLER = \"jaeger_remote\""),
+            "{bad_name}"
+        );
+        let off = Sampler::from_settings(true, Some("always_off"), None).expect("valid");
+        assert!(
+            !off.samples(&[0xff; 16]) && !off.samples(&[0; 16]),
+            "always_off samples nothing"
+        );
     }
 }

@@ -65,7 +65,11 @@ impl Pending {
 
 /// The trace side of a batch: a span for the batch, linked to a span per sampled record (a child
 /// of the record's context, open until the batch's outputs are handed to the producer); the
-/// context each record's outputs carry ([`contrail_common::trace::continued`]).
+/// context each record's outputs carry ([`contrail_common::trace::continued`]). A record is
+/// sampled when its producer flagged it so *and* contrail's sampler samples its trace: for
+/// records from ingest (which already decided by the same rule) nothing changes; a source writing
+/// to the raw topic directly and flagging everything gets the configured share, and the context
+/// passed on says not sampled for the rest.
 pub(crate) struct TracedBatch {
     pub(crate) batch: tracing::Span,
     pub(crate) contexts: Vec<Option<String>>,
@@ -74,13 +78,18 @@ pub(crate) struct TracedBatch {
 }
 
 impl TracedBatch {
-    pub(crate) fn new(partition: i32, records: &[&OwnedRecord]) -> TracedBatch {
+    pub(crate) fn new(partition: i32, records: &[&OwnedRecord], sampler: &trace::Sampler) -> TracedBatch {
         let mut spans = Vec::new();
         let mut links = Vec::new();
         let contexts = records
             .iter()
             .map(|record| {
                 let parent = record.trace?;
+                let parent = if parent.sampled() {
+                    sampler.decide(parent)
+                } else {
+                    parent
+                };
                 if !parent.sampled() {
                     return Some(parent.header());
                 }
@@ -163,6 +172,36 @@ mod tests {
 
     fn record(offset: i64) -> OwnedRecord {
         OwnedRecord::for_test(offset)
+    }
+
+    /// A producer that flags every record sampled does not decide for contrail: at a share of 0
+    /// no record gets a span and the context passed on says not sampled; at 1 the flag stands.
+    #[test]
+    fn a_producers_sampled_flag_is_narrowed_by_contrails_sampler() {
+        let flagged = TraceParent::parse(b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01");
+        let mut traced = record(7);
+        traced.trace = flagged;
+        let sampler = |ratio| trace::Sampler {
+            exporting: true,
+            ratio,
+        };
+        let none = TracedBatch::new(0, &[&traced], &sampler(0.0));
+        assert!(none._records.is_empty(), "no span for an unsampled trace");
+        assert_eq!(
+            none.contexts,
+            [Some(
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00".to_owned()
+            )]
+        );
+        let every = TracedBatch::new(0, &[&traced], &sampler(1.0));
+        assert_eq!(every._records.len(), 1, "a span for the sampled trace");
+        assert_eq!(
+            every.contexts,
+            [Some(
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".to_owned()
+            )],
+            "no exporter here: the context goes on unchanged"
+        );
     }
 
     #[derive(Debug, Clone)]

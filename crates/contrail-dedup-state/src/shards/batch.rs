@@ -45,7 +45,7 @@ impl ShardSet {
         self.acknowledge_queued(partition, generation, shard);
         let from = shard.progress().next_offset.unwrap_or(i64::MIN);
         let records: Vec<&OwnedRecord> = records.iter().filter(|record| record.offset >= from).collect();
-        let traced = TracedBatch::new(partition, &records);
+        let traced = TracedBatch::new(partition, &records, &self.processing.sampler);
         let inputs: Vec<InputRecord<'_>> = records
             .iter()
             .zip(&traced.contexts)

@@ -51,6 +51,9 @@ pub struct Processing {
     pub max_message_bytes: usize,
     /// RocksDB's block cache and memtable budget, shared by the shards.
     pub memory: contrail_state::StorageMemory,
+    /// contrail's sampling decision for records whose producer flagged them sampled (a source
+    /// writing to the raw topic directly must not make every record get spans).
+    pub sampler: contrail_common::trace::Sampler,
 }
 
 /// Status of one owned shard.

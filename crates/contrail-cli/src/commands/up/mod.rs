@@ -141,8 +141,8 @@ pub struct UpArgs {
     /// commit. Send your own `traceparent` with a request to follow it.
     #[arg(long, value_name = "URL", value_parser = parse_otlp_endpoint)]
     otlp_endpoint: Option<String>,
-    /// With --otlp-endpoint: the share of requests without a sampled `traceparent` that start a
-    /// sampled trace (0 to 1; a request's own sampled `traceparent` is always followed).
+    /// With --otlp-endpoint: the share of traces sampled, chosen by trace id (0 to 1). It applies
+    /// to a request's own `traceparent` too: contrail decides, not the caller's sampled flag.
     #[arg(long, default_value_t = 0.01, value_parser = parse_ratio, requires = "otlp_endpoint")]
     trace_ratio: f64,
 }
