@@ -3,6 +3,8 @@
 
 use super::*;
 
+const BOARD_TOKEN: &str = "board-test-ingest-token-0123456789";
+
 #[test]
 fn the_flight_board_updates_live_and_shows_a_flights_history_in_chromium() {
     let dir = test_dir("contrail-up-board");
@@ -17,6 +19,8 @@ fn the_flight_board_updates_live_and_shows_a_flights_history_in_chromium() {
             "100",
             "--latency-sample-every",
             "0",
+            "--ingest-token",
+            BOARD_TOKEN,
         ],
     )
     .expect("contrail up starts");
@@ -283,6 +287,12 @@ fn the_flight_board_updates_live_and_shows_a_flights_history_in_chromium() {
     let title = browser.texts("#detail-title").expect("title");
     assert!(title[0].contains("EWR →"), "{title:?}");
 
+    // Hostile values (what a broken or malicious source can send in any text field) are shown as
+    // text: no element is made of them and no script of theirs runs. Another flight than `key`,
+    // whose version the operator's tools check below.
+    let hostile = &keys[(keys.len() / 2 + 1) % keys.len()];
+    hostile_values_are_shown_as_text(&up, &browser, &runtime, hostile, &documents[hostile]);
+
     // Filters: a carrier shows only its flights.
     browser
         .execute::<serde_json::Value>(
@@ -360,6 +370,82 @@ fn the_flight_board_updates_live_and_shows_a_flights_history_in_chromium() {
         "contrail up exited with {status}:\n{}",
         up.output()
     );
+}
+
+/// Sends `key` a GATE_ASSIGNED event whose id and gate are HTML, through ingest, and checks the
+/// board and the detail panel show them as text: no `img` element anywhere, its `onerror` never
+/// ran.
+fn hostile_values_are_shown_as_text(
+    up: &UpUnderTest,
+    browser: &Browser,
+    runtime: &tokio::runtime::Runtime,
+    key: &str,
+    document: &serde_json::Value,
+) {
+    const HOSTILE_ID: &str = "<img src=x onerror=\"window.__pwned=1\">";
+    const HOSTILE_GATE: &str = "<img src=x>";
+    let last =
+        chrono::DateTime::parse_from_rfc3339(document["lastEventTime"].as_str().expect("lastEventTime"))
+            .expect("an RFC 3339 time");
+    let event = serde_json::json!({
+        "event_id": HOSTILE_ID,
+        "source": "gate-system",
+        "type": "GATE_ASSIGNED",
+        "event_time": (last + chrono::Duration::minutes(1)).to_rfc3339(),
+        "flight": {
+            "carrier": document["carrier"],
+            "number": document["flightNumber"],
+            "origin": document["origin"],
+            "date": document["serviceDate"],
+        },
+        "data": { "gate": HOSTILE_GATE },
+    });
+    let status = runtime
+        .block_on(
+            reqwest::Client::new()
+                .post(format!("{}/v1/events", up.ingest_url()))
+                .bearer_auth(BOARD_TOKEN)
+                .json(&event)
+                .send(),
+        )
+        .expect("ingest answers")
+        .status();
+    assert_eq!(status.as_u16(), 202, "the hostile event is valid input");
+    let row = format!("#board tbody tr[data-key='{key}']");
+    // The board's row and the detail panel (loaded on a click) show the values as text once the
+    // board refreshed (every 2 s).
+    let gate_cell = format!("{row} td.gate");
+    let shown: Vec<String> = browser
+        .wait_for(
+            "the board and the detail panel to show the hostile values as text",
+            Duration::from_secs(60),
+            |browser| {
+                let fields: Vec<String> = browser.execute(
+                    "return [...document.querySelectorAll('#detail-fields dd')].map(d => d.innerText)",
+                    vec![],
+                )?;
+                let gate = browser.texts(&gate_cell)?;
+                Ok(
+                    if fields.iter().any(|field| field == HOSTILE_ID) && gate == [HOSTILE_GATE] {
+                        Probe::Ready(fields)
+                    } else {
+                        browser.click(&row)?;
+                        Probe::NotYet(format!("detail fields {fields:?}, gate cell {gate:?}"))
+                    },
+                )
+            },
+        )
+        .expect("the hostile event on the board");
+    assert!(shown.iter().any(|field| field == HOSTILE_GATE), "{shown:?}");
+    let (images, pwned): (u64, bool) = browser
+        .execute(
+            "return [document.querySelectorAll('#board img, #detail img, #history img, #alerts-list img').length, \
+                     window.__pwned !== undefined]",
+            vec![],
+        )
+        .expect("inspect the page");
+    assert_eq!(images, 0, "no element made of the values");
+    assert!(!pwned, "the value's script never ran");
 }
 
 /// A real Prometheus scrapes the five stages of `up` with the shipped rules (their `for:` shortened
