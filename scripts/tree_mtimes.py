@@ -16,7 +16,10 @@ Restoring is sound only while the artifacts still come from the recorded sources
 workspace crate after the record (another clone, another branch, a build by hand) writes its
 fingerprint files after the record's time; `restore` then changes nothing and says why (the build
 recompiles our crates, as it would without this script). Files with uncommitted changes are
-neither recorded nor restored.
+neither recorded nor restored: `restore` gives them the current time instead. Cargo's dep-info
+names a workspace's files relative to its root, so a build of another clone into the same target
+directory (CI's fresh clone) makes a file edited here before that build look older than the
+artifacts built from the other clone's version of it — the edit would silently not be compiled.
 """
 
 import json
@@ -92,7 +95,23 @@ def record() -> None:
     print(f"tree_mtimes: recorded {len(files)} files in {target / RECORD}")
 
 
+def uncommitted_files() -> list[str]:
+    """Files whose worktree content is not HEAD's (staged or not), and untracked ones."""
+    changed = git("diff", "HEAD", "--name-only", "-z").split("\0")
+    untracked = git("ls-files", "--others", "--exclude-standard", "-z").split("\0")
+    return [path for path in changed + untracked if path and os.path.isfile(path)]
+
+
+def touch_uncommitted() -> None:
+    files = uncommitted_files()
+    for file in files:
+        os.utime(file)
+    if files:
+        print(f"tree_mtimes: {len(files)} files with uncommitted changes take the current time")
+
+
 def restore() -> None:
+    touch_uncommitted()
     path = target_dir() / RECORD
     try:
         recorded_at = path.stat().st_mtime_ns
