@@ -1,8 +1,9 @@
 //! Reading the history tables back, for tools (the flight board's state history, `contrail up`'s
 //! exactly-once checks, the pipeline benchmark). It reads the table's current snapshot without a
-//! query engine: the active files (of one partition date, when asked), only the columns asked for.
+//! query engine: the active files (of one partition date, when asked), only the columns asked for;
+//! [`partitions`] lists a snapshot's files by partition so a tool reads one partition at a time.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use chrono::NaiveDate;
 use deltalake::arrow::record_batch::RecordBatch;
@@ -81,63 +82,142 @@ pub async fn scan(
     date: Option<NaiveDate>,
     columns: &[&str],
 ) -> Result<Scan, HistoryError> {
+    let Some(partitions) = partitions(root, storage_options, table).await? else {
+        return Ok(Scan::default());
+    };
+    let files = match date {
+        Some(day) => {
+            partitions
+                .read(&day.format("%Y-%m-%d").to_string(), columns)
+                .await?
+        }
+        None => {
+            let mut files = Vec::new();
+            for date in partitions.dates().map(str::to_owned).collect::<Vec<_>>() {
+                files.extend(partitions.read(&date, columns).await?);
+            }
+            files
+        }
+    };
+    Ok(Scan {
+        version: Some(partitions.version),
+        files,
+    })
+}
+
+/// One snapshot of a table, its active files by partition, to be read one partition at a time
+/// (memory bounded by the largest partition, not by the table).
+pub struct Partitions {
+    table: Table,
+    version: i64,
+    delta: deltalake::DeltaTable,
+    files: BTreeMap<String, Vec<(deltalake::logstore::object_store::path::Path, i64)>>,
+}
+
+impl std::fmt::Debug for Partitions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Partitions")
+            .field("table", &self.table.name())
+            .field("version", &self.version)
+            .field("partitions", &self.files.len())
+            .finish()
+    }
+}
+
+/// The newest snapshot of `table` under `root`, its files listed by partition; `None` when the
+/// table does not exist (yet).
+pub async fn partitions(
+    root: &str,
+    storage_options: &HashMap<String, String>,
+    table: Table,
+) -> Result<Option<Partitions>, HistoryError> {
     let name = table.name();
     let wrap = |source| HistoryError::Delta { table: name, source };
     let Some(delta) = open_snapshot(root, storage_options, table).await? else {
-        return Ok(Scan::default());
+        return Ok(None);
     };
-    let wanted = date.map(|day| day.format("%Y-%m-%d").to_string());
     let column = table.partition_column();
     let views: Vec<_> = delta
         .get_active_add_actions_by_partitions(&[])
         .try_collect()
         .await
         .map_err(wrap)?;
-    let store = delta.object_store();
-    let mut files = Vec::new();
+    let mut files: BTreeMap<String, Vec<(deltalake::logstore::object_store::path::Path, i64)>> =
+        BTreeMap::new();
     for view in views {
-        if let Some(wanted) = &wanted {
-            let value = view.partition_values_map().get(column).cloned().flatten();
-            if value.as_deref() != Some(wanted.as_str()) {
-                continue;
-            }
-        }
-        let bytes = store
-            .get_opts(&view.object_store_path(), GetOptions::default())
-            .await
-            .map_err(|error| wrap(DeltaTableError::from(error)))?
-            .bytes()
-            .await
-            .map_err(|error| wrap(DeltaTableError::from(error)))?;
-        let builder = ParquetRecordBatchReaderBuilder::try_new(bytes).map_err(|error| wrap(error.into()))?;
-        let mask = {
-            let descriptor = builder.parquet_schema();
-            let indices: Vec<usize> = descriptor
-                .root_schema()
-                .get_fields()
-                .iter()
-                .enumerate()
-                .filter(|(_, field)| columns.contains(&field.name()))
-                .map(|(index, _)| index)
-                .collect();
-            ProjectionMask::roots(descriptor, indices)
-        };
-        let reader = builder
-            .with_projection(mask)
-            .build()
-            .map_err(|error| wrap(error.into()))?;
-        let batches = reader
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|error| wrap(error.into()))?;
-        files.push(FileRows {
-            added_at_ms: view.modification_time(),
-            batches,
-        });
+        // A row without a partition value is listed under "" (first in date order).
+        let value = view.partition_values_map().get(column).cloned().flatten();
+        files
+            .entry(value.unwrap_or_default())
+            .or_default()
+            .push((view.object_store_path(), view.modification_time()));
     }
-    Ok(Scan {
-        version: delta.version().map(|version| version as i64),
+    Ok(Some(Partitions {
+        table,
+        version: delta.version().map_or(-1, |version| version as i64),
+        delta,
         files,
-    })
+    }))
+}
+
+impl Partitions {
+    /// The table version these partitions are of.
+    pub fn version(&self) -> i64 {
+        self.version
+    }
+
+    /// The partition values (dates, `YYYY-MM-DD`) that have active files, in ascending order.
+    pub fn dates(&self) -> impl Iterator<Item = &str> {
+        self.files.keys().map(String::as_str)
+    }
+
+    /// Active files in all partitions.
+    pub fn file_count(&self) -> usize {
+        self.files.values().map(Vec::len).sum()
+    }
+
+    /// Reads `columns` of the files of partition `date` (none when it has no files).
+    pub async fn read(&self, date: &str, columns: &[&str]) -> Result<Vec<FileRows>, HistoryError> {
+        let name = self.table.name();
+        let wrap = |source| HistoryError::Delta { table: name, source };
+        let store = self.delta.object_store();
+        let mut files = Vec::new();
+        for (path, added_at_ms) in self.files.get(date).into_iter().flatten() {
+            let bytes = store
+                .get_opts(path, GetOptions::default())
+                .await
+                .map_err(|error| wrap(DeltaTableError::from(error)))?
+                .bytes()
+                .await
+                .map_err(|error| wrap(DeltaTableError::from(error)))?;
+            let builder =
+                ParquetRecordBatchReaderBuilder::try_new(bytes).map_err(|error| wrap(error.into()))?;
+            let mask = {
+                let descriptor = builder.parquet_schema();
+                let indices: Vec<usize> = descriptor
+                    .root_schema()
+                    .get_fields()
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, field)| columns.contains(&field.name()))
+                    .map(|(index, _)| index)
+                    .collect();
+                ProjectionMask::roots(descriptor, indices)
+            };
+            let reader = builder
+                .with_projection(mask)
+                .build()
+                .map_err(|error| wrap(error.into()))?;
+            let batches = reader
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|error| wrap(error.into()))?;
+            files.push(FileRows {
+                added_at_ms: *added_at_ms,
+                batches,
+            });
+        }
+        Ok(files)
+    }
 }
 
 /// The last offset of each of `topic`'s `partitions` that delta-archiver has committed to

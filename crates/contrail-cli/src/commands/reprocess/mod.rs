@@ -23,13 +23,17 @@ use chrono::{DateTime, NaiveDate, Utc};
 use clap::Args;
 use contrail_history::Table;
 use contrail_history::arrow::array::Array;
-use contrail_history::reader::scan;
+use contrail_history::reader::partitions;
 use contrail_proto::v1::OperationalEvent;
 use futures::StreamExt as _;
 use futures::stream::FuturesUnordered;
 use indicatif::{ProgressBar, ProgressStyle};
 use prost::Message as _;
 use rdkafka::producer::{FutureProducer, FutureRecord};
+
+mod runs;
+
+use runs::{Replayed, Runs, in_replay_order};
 
 /// Options of `contrail backfill reprocess`.
 #[derive(Args, Debug)]
@@ -67,6 +71,11 @@ pub struct ReprocessArgs {
     accepted_topic: String,
     #[command(flatten)]
     kafka: crate::args::KafkaArgs,
+    /// Where the sorted runs go while the table is put in event-time order (a temporary
+    /// directory in it, removed at the end; it needs about the chosen events' size on disk).
+    /// Default: the system's temporary directory.
+    #[arg(long, value_name = "DIR")]
+    spill_dir: Option<std::path::PathBuf>,
     /// No progress bar (the summary is still printed).
     #[arg(long)]
     quiet: bool,
@@ -88,28 +97,49 @@ fn parse_instant(text: &str) -> Result<DateTime<Utc>, String> {
 
 /// Every event of each flight that has an event in `range` (event time, µs): a flight is
 /// reprocessed whole — without its earlier events (its schedule, say) the fresh deployment would
-/// build other states and versions than the history holds.
-fn whole_flights(
-    events: Vec<(i64, String, String, Vec<u8>)>,
-    range: std::ops::Range<i64>,
-) -> Vec<(i64, String, String, Vec<u8>)> {
+/// build other states and versions than the history holds. Applied to one partition at a time:
+/// the table is partitioned by service date, which all of a flight's events share.
+fn whole_flights(events: Vec<Replayed>, range: std::ops::Range<i64>) -> Vec<Replayed> {
     let flights: BTreeSet<String> = events
         .iter()
-        .filter(|(time, _, _, _)| range.contains(time))
-        .map(|(_, key, _, _)| key.clone())
+        .filter(|event| range.contains(&event.time_us))
+        .map(|event| event.key.clone())
         .collect();
     events
         .into_iter()
-        .filter(|(_, key, _, _)| flights.contains(key))
+        .filter(|event| flights.contains(&event.key))
         .collect()
 }
 
-/// The events to produce, in the order to produce them: event time, then event id (the order
-/// the fold sorts by), each flight's events once.
-fn in_replay_order(mut events: Vec<(i64, String, String, Vec<u8>)>) -> Vec<(i64, String, String, Vec<u8>)> {
-    events.sort_by(|a, b| (a.0, &a.2, &a.1).cmp(&(b.0, &b.2, &b.1)));
-    events.dedup_by(|a, b| a.1 == b.1 && a.2 == b.2);
-    events
+/// The events of one partition's files; an undecodable row is an error naming the date (the
+/// history is damaged; nothing has been produced yet, the read comes first).
+fn decode_partition(files: &[contrail_history::reader::FileRows], date: &str) -> Result<Vec<Replayed>> {
+    let mut events = Vec::new();
+    let mut undecodable = 0usize;
+    for batch in files.iter().flat_map(|file| &file.batches) {
+        let records = crate::stores::records(batch, "events")?;
+        for row in 0..records.len() {
+            let decoded = (!records.is_null(row))
+                .then(|| OperationalEvent::decode(records.value(row)).ok())
+                .flatten();
+            let Some(event) = decoded else {
+                undecodable += 1;
+                continue;
+            };
+            events.push(Replayed {
+                time_us: event.event_time_us,
+                key: event.flight_key,
+                id: event.event_id,
+                payload: records.value(row).to_vec(),
+            });
+        }
+    }
+    if undecodable > 0 {
+        bail!(
+            "{undecodable} rows of the events table (service date {date}) hold no decodable event: the history is damaged, nothing was produced"
+        );
+    }
+    Ok(events)
 }
 
 /// Runs `contrail backfill reprocess`.
@@ -145,51 +175,60 @@ pub async fn run(args: ReprocessArgs) -> Result<()> {
         })
         .await?;
     }
-    let read = scan(
-        &args.from_delta,
-        &HashMap::new(),
-        Table::Events,
-        None,
-        &["record"],
-    )
-    .await
-    .with_context(|| format!("reading events under {}", args.from_delta))?;
-    if read.version.is_none() {
+    let Some(partitions) = partitions(&args.from_delta, &HashMap::new(), Table::Events)
+        .await
+        .with_context(|| format!("reading events under {}", args.from_delta))?
+    else {
         bail!(
             "there is no events table under {:?} (is it the Delta root delta-archiver writes to?)",
             args.from_delta
         );
+    };
+    let spill_dir = args.spill_dir.clone().unwrap_or_else(std::env::temp_dir);
+    let mut runs = Runs::new(&spill_dir).with_context(|| {
+        format!(
+            "creating a directory for sorted runs under {}",
+            spill_dir.display()
+        )
+    })?;
+    let dates: Vec<String> = partitions.dates().map(str::to_owned).collect();
+    let reading = if args.quiet {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new(dates.len() as u64)
+    };
+    reading.set_style(
+        ProgressStyle::with_template("{bar:40} {pos}/{len} service dates read {msg} eta {eta}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let mut flights = 0usize;
+    for date in &dates {
+        let files = partitions
+            .read(date, &["record"])
+            .await
+            .with_context(|| format!("reading events of service date {date} under {}", args.from_delta))?;
+        let events = decode_partition(&files, date)?;
+        let chosen = in_replay_order(whole_flights(events, from_us..to_us));
+        flights += chosen
+            .iter()
+            .map(|event| &event.key)
+            .collect::<BTreeSet<_>>()
+            .len();
+        runs.add(&chosen)
+            .with_context(|| format!("writing sorted events under {}", spill_dir.display()))?;
+        reading.inc(1);
+        reading.set_message(format!("{} events chosen", runs.events()));
     }
-    let mut every = Vec::new();
-    let mut undecodable = 0usize;
-    for batch in read.batches() {
-        let records = crate::stores::records(batch, "events")?;
-        for row in 0..records.len() {
-            if records.is_null(row) {
-                undecodable += 1;
-                continue;
-            }
-            let bytes = records.value(row);
-            let Ok(event) = OperationalEvent::decode(bytes) else {
-                undecodable += 1;
-                continue;
-            };
-            every.push((
-                event.event_time_us,
-                event.flight_key,
-                event.event_id,
-                bytes.to_vec(),
-            ));
-        }
-    }
-    if undecodable > 0 {
-        bail!(
-            "{undecodable} rows of the events table hold no decodable event: the history is damaged, nothing was produced"
-        );
-    }
-    let events = in_replay_order(whole_flights(every, from_us..to_us));
-    let flights: BTreeSet<&str> = events.iter().map(|(_, key, _, _)| key.as_str()).collect();
-    let flights = flights.len();
+    reading.finish_and_clear();
+    let total = runs.events();
+    tracing::info!(
+        partitions = dates.len(),
+        files = partitions.file_count(),
+        events = total,
+        spilled_bytes = runs.bytes(),
+        "events chosen and sorted"
+    );
+    drop(partitions);
 
     contrail_common::kafka::create_topics(
         &kafka,
@@ -206,7 +245,7 @@ pub async fn run(args: ReprocessArgs) -> Result<()> {
     let bar = if args.quiet {
         ProgressBar::hidden()
     } else {
-        ProgressBar::new(events.len() as u64)
+        ProgressBar::new(total)
     };
     bar.set_style(
         ProgressStyle::with_template("{bar:40} {pos}/{len} events produced {per_sec} eta {eta}")
@@ -218,20 +257,29 @@ pub async fn run(args: ReprocessArgs) -> Result<()> {
     let mut pending = FuturesUnordered::new();
     let mut failed = 0usize;
     let mut first_error = None;
-    for (_, key, _, payload) in &events {
+    let mut merged = runs
+        .merged()
+        .with_context(|| format!("merging sorted events under {}", spill_dir.display()))?;
+    while let Some(event) = merged
+        .next_event()
+        .with_context(|| format!("reading sorted events under {}", spill_dir.display()))?
+    {
         if pending.len() >= IN_FLIGHT
             && let Some(result) = pending.next().await
         {
             note(result, &mut failed, &mut first_error, &bar);
         }
-        pending.push(
-            producer.send(
-                FutureRecord::to(&args.to_topic)
-                    .key(key.as_str())
-                    .payload(payload.as_slice()),
-                Duration::from_secs(300),
-            ),
-        );
+        let (producer, topic) = (&producer, args.to_topic.as_str());
+        pending.push(async move {
+            producer
+                .send(
+                    FutureRecord::to(topic)
+                        .key(event.key.as_str())
+                        .payload(event.payload.as_slice()),
+                    Duration::from_secs(300),
+                )
+                .await
+        });
     }
     while let Some(result) = pending.next().await {
         note(result, &mut failed, &mut first_error, &bar);
@@ -239,13 +287,11 @@ pub async fn run(args: ReprocessArgs) -> Result<()> {
     bar.finish_and_clear();
     if let Some(error) = first_error {
         bail!(
-            "{failed} of {} events were not acknowledged by the broker (first: {error}); run the command again — the receiving deployment drops the copies by event id",
-            events.len()
+            "{failed} of {total} events were not acknowledged by the broker (first: {error}); run the command again — the receiving deployment drops the copies by event id"
         );
     }
     println!(
-        "{} accepted events of {flights} flights with an event in {} … {} (each flight whole) produced to {} in {:.1} s, in event-time order",
-        events.len(),
+        "{total} accepted events of {flights} flights with an event in {} … {} (each flight whole) produced to {} in {:.1} s, in event-time order",
         args.from.to_rfc3339(),
         args.to.map_or_else(|| "the end".to_owned(), |to| to.to_rfc3339()),
         args.to_topic,
@@ -295,29 +341,20 @@ mod tests {
 
     #[test]
     fn a_flight_with_an_event_in_the_range_goes_out_whole() {
-        let event = |time: i64, key: &str| (time, key.to_owned(), format!("{key}{time}"), vec![]);
+        let event = |time_us: i64, key: &str| Replayed {
+            time_us,
+            key: key.to_owned(),
+            id: format!("{key}{time_us}"),
+            payload: vec![],
+        };
         let chosen = whole_flights(
             vec![event(5, "A"), event(15, "A"), event(6, "B"), event(25, "C")],
             10..20,
         );
         let times: Vec<(i64, &str)> = chosen
             .iter()
-            .map(|(time, key, _, _)| (*time, key.as_str()))
+            .map(|event| (event.time_us, event.key.as_str()))
             .collect();
         assert_eq!(times, [(5, "A"), (15, "A")]);
-    }
-
-    #[test]
-    fn events_go_out_in_event_time_order_each_once() {
-        let event = |time: i64, key: &str, id: &str| (time, key.to_owned(), id.to_owned(), vec![]);
-        let ordered = in_replay_order(vec![
-            event(30, "B", "b2"),
-            event(10, "A", "a1"),
-            event(20, "B", "b1"),
-            event(10, "A", "a1"),
-            event(10, "C", "c0"),
-        ]);
-        let ids: Vec<&str> = ordered.iter().map(|(_, _, id, _)| id.as_str()).collect();
-        assert_eq!(ids, ["a1", "c0", "b1", "b2"]);
     }
 }
