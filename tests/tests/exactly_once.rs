@@ -395,12 +395,13 @@ fn events_of_two_flights_sharing_their_ids_are_all_archived() {
 /// - the schedules of the flights of 5 January 2013, published 330 days ahead (stamped
 ///   February 2012);
 /// - the real events of 4 January 2013 (the shard's watermark moves 11 months on);
-/// - two records written straight to the raw topic by sources with broken clocks — one event of a
-///   5 January flight stamped 2099, one stamped 1971;
+/// - three records written straight to the raw topic by sources with broken clocks — one event of
+///   a 5 January flight stamped 2099, one stamped 1971, and one of a flight of today stamped two
+///   days ahead (inside its dates, but past the broker's timestamp + max_clock_skew);
 /// - the real events of 5 January 2013 (OUT, OFF, ON, IN, delays, …).
 ///
 /// Every event of every 5 January flight is applied — versions 1..n with the schedule as version
-/// 1 — nothing is late, the two broken records are dead-lettered naming `event_time`, and the
+/// 1 — nothing is late, the three broken records are dead-lettered naming `event_time`, and the
 /// outputs match the oracle's expectation.
 #[test]
 fn schedules_published_months_ahead_are_applied_and_broken_clocks_move_nothing() {
@@ -441,6 +442,15 @@ fn schedules_published_months_ahead_are_applied_and_broken_clocks_move_nothing()
     };
     feed.push(broken("clock-2099", 4_070_908_800_000_000)); // 2099-01-01T00:00:00Z
     feed.push(broken("clock-1971", 31_536_000_000_000)); // 1971-01-01T00:00:00Z
+    // A flight of today whose source's clock runs two days ahead: inside its dates' window, but
+    // later than the receiving clock (the record's broker timestamp) + max_clock_skew.
+    let now = chrono::Utc::now();
+    let today = now.format("%Y-%m-%d").to_string();
+    let mut ahead = broken("clock-ahead", now.timestamp_micros() + 2 * day);
+    let flight = ahead.flight.as_mut().expect("a flight");
+    ahead.flight_key = ahead.flight_key.replace(&flight.service_date, &today);
+    flight.service_date = today;
+    feed.push(ahead);
     let operated: Vec<OperationalEvent> = fifth
         .iter()
         .filter(ours)
@@ -457,8 +467,8 @@ fn schedules_published_months_ahead_are_applied_and_broken_clocks_move_nothing()
     let (expected, accepted) = expectation(&broker.address, &topics, feed.len());
     assert_eq!(
         expected.implausible,
-        [(0, broken_at), (0, broken_at + 1)].into(),
-        "the oracle: the two broken clocks are implausible"
+        [(0, broken_at), (0, broken_at + 1), (0, broken_at + 2)].into(),
+        "the oracle: the three broken clocks are implausible"
     );
     check_dedup_outputs(&broker.address, &topics, &expected, accepted);
     // In the scenario's own terms, counted from the feed: every event of every flight is applied.
@@ -479,7 +489,7 @@ fn schedules_published_months_ahead_are_applied_and_broken_clocks_move_nothing()
         departed > 30,
         "the flights' departures are among them: {departed}"
     );
-    let letters = read_topic(&broker.address, &topics.dlq, 2, Duration::from_secs(60)).expect("dlq");
+    let letters = read_topic(&broker.address, &topics.dlq, 3, Duration::from_secs(60)).expect("dlq");
     let reasons: Vec<(i64, String)> = letters
         .iter()
         .map(|message| {
@@ -488,7 +498,7 @@ fn schedules_published_months_ahead_are_applied_and_broken_clocks_move_nothing()
             (letter.input.map_or(-1, |input| input.offset), letter.reason)
         })
         .collect();
-    assert_eq!(reasons.len(), 2, "{reasons:?}");
+    assert_eq!(reasons.len(), 3, "{reasons:?}");
     assert_eq!(reasons[0].0, broken_at);
     assert!(
         reasons[0]
@@ -501,6 +511,11 @@ fn schedules_published_months_ahead_are_applied_and_broken_clocks_move_nothing()
         reasons[1]
             .1
             .contains("event_time: 1971-01-01T00:00:00Z is implausible"),
+        "{reasons:?}"
+    );
+    assert_eq!(reasons[2].0, broken_at + 2);
+    assert!(
+        reasons[2].1.contains("later than the receiving clock"),
         "{reasons:?}"
     );
     stage.process.terminate(Duration::from_secs(30)).expect("stops");

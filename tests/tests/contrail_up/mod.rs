@@ -10,11 +10,9 @@ use chrono::DateTime;
 use contrail_proto::v1::{EventType, FlightState, OperationalEvent, ServingChange};
 use contrail_testkit::browser::{Browser, summarize_png};
 use contrail_testkit::cosmos::{
-    compare_documents, containers_at, expected_documents, query_documents, read_documents,
+    containers_at, contract_differences, contract_documents, query_documents, read_documents,
 };
-use contrail_testkit::dedup::{
-    OracleRules, alerts_on_topic, delta_identities, expect, expected_final_state, raw_records,
-};
+use contrail_testkit::dedup::{OracleRules, alerts_on_topic, delta_identities, expect, raw_records};
 use contrail_testkit::delta::verify_tables;
 use contrail_testkit::otlp::ReceivedSpan;
 use contrail_testkit::prometheus::stage_pid;

@@ -20,6 +20,9 @@ pub struct OracleRules {
     pub state_ttl_us: i64,
     /// Most events a flight accepts in its life; later new ones are dead-lettered.
     pub max_events_per_flight: usize,
+    /// How far an event time may be ahead of the receiving clock (the record's broker
+    /// timestamp).
+    pub max_clock_skew_us: i64,
 }
 
 const DAY_US: i64 = 86_400_000_000;
@@ -40,6 +43,7 @@ impl Default for OracleRules {
             dedup_ttl_us: 72 * HOUR,
             state_ttl_us: 48 * HOUR,
             max_events_per_flight: 2_048,
+            max_clock_skew_us: HOUR,
         }
     }
 }
@@ -51,8 +55,9 @@ pub struct Expected {
     pub accepted: BTreeMap<String, Vec<(OperationalEvent, SourcePosition)>>,
     /// Positions of late events, with why they are late: `lateness` or `expired`.
     pub late: BTreeMap<(i32, i64), &'static str>,
-    /// Positions of events outside their flight's plausible time window (more than 400 days
-    /// before or 7 days after its date, or a key with no date): dead-lettered, never applied,
+    /// Positions of events outside their flight's plausible time window (later than the record's
+    /// broker timestamp + the clock skew, more than 400 days before or 7 days after its date, or
+    /// a key with no date): dead-lettered, never applied,
     /// never moving the watermark.
     pub implausible: BTreeSet<(i32, i64)>,
     /// Positions of new events of a flight that had accepted its maximum already: dead-lettered,
@@ -119,7 +124,14 @@ pub fn expect(records: &[RawRecord], rules: OracleRules) -> Expected {
             let time = event.event_time_us;
             let key = event.flight_key.as_str();
             let position = (record.position.partition, record.position.offset);
-            // Plausible time, by its dates: [date − 400 days, date + 8 days).
+            // Plausible time: no later than the receiving clock + skew, and within its dates:
+            // [date − 400 days, date + 8 days).
+            if let Some(clock) = record.timestamp_us
+                && time > clock.saturating_add(rules.max_clock_skew_us)
+            {
+                expected.implausible.insert(position);
+                continue;
+            }
             let Some(date_start) = service_date_start_us(key) else {
                 expected.implausible.insert(position);
                 continue;
@@ -469,6 +481,7 @@ mod tests {
                 offset,
             },
             event,
+            timestamp_us: None,
         }
     }
 

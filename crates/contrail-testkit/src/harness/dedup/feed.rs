@@ -57,6 +57,9 @@ pub struct RawRecord {
     pub position: SourcePosition,
     /// The event.
     pub event: OperationalEvent,
+    /// The record's timestamp on the broker, µs (`None` when it has none): the receiving clock
+    /// of the plausible-time rule.
+    pub timestamp_us: Option<i64>,
 }
 
 /// Decodes raw-topic messages.
@@ -71,6 +74,10 @@ pub fn raw_records(messages: &[OwnedMessage]) -> Vec<RawRecord> {
             },
             event: OperationalEvent::decode(message.payload().unwrap_or_default())
                 .expect("raw records are events"),
+            timestamp_us: message
+                .timestamp()
+                .to_millis()
+                .map(|millis| millis.saturating_mul(1_000)),
         })
         .collect();
     records.sort_by_key(|record| (record.position.partition, record.position.offset));
