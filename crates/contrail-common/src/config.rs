@@ -20,9 +20,10 @@ pub const ENV_PREFIX: &str = "CONTRAIL_";
 
 /// `CONTRAIL_*` variables that are read by tools, not stage config keys: the config file's name,
 /// `contrail replay`'s target and token, the flight data folder, the test broker binary, the
-/// commit a build records for `--version` (`scripts/setup.sh` exports it). Every other
-/// `CONTRAIL_*` variable must be a key of the stage's config.
-pub const TOOL_VARIABLES: [&str; 12] = [
+/// commit a build records for `--version` (`scripts/setup.sh` exports it), the board's token and
+/// the local Cosmos endpoint's key and address. Every other `CONTRAIL_*` variable must be a key
+/// of the stage's config.
+pub const TOOL_VARIABLES: [&str; 15] = [
     "config_file",
     "ingest_url",
     "ingest_token",
@@ -34,6 +35,9 @@ pub const TOOL_VARIABLES: [&str; 12] = [
     "admin_addr",
     "admin_token",
     "board_listen",
+    "board_token",
+    "cosmos_dev_key",
+    "cosmos_dev_listen",
     "git_commit",
 ];
 
@@ -292,6 +296,10 @@ mod tests {
             jail.set_env("CONTRAIL_TOOLS_DIR", "/var/tmp/contrail-tools");
             jail.set_env("CONTRAIL_AZURITE_BLOB", "/bin/true");
             jail.set_env("CONTRAIL_GIT_COMMIT", "806bbe2");
+            // `contrail up`'s board and the local Cosmos endpoint, set in the same shell.
+            jail.set_env("CONTRAIL_BOARD_TOKEN", "b");
+            jail.set_env("CONTRAIL_COSMOS_DEV_KEY", "a2V5");
+            jail.set_env("CONTRAIL_COSMOS_DEV_LISTEN", "127.0.0.1:8900");
             jail.set_env("CONTRAIL_NAME", "from-env");
             let config: Sample = load(None).map_err(|error| error.to_string())?;
             assert_eq!(config.name, "from-env");
