@@ -155,19 +155,6 @@ async fn drain(
     Ok((read, token, started.elapsed().as_secs_f64()))
 }
 
-/// Resident memory of `pid`, MiB.
-fn rss_mib(pid: u32) -> f64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|text| {
-            text.lines()
-                .find(|line| line.starts_with("VmRSS:"))
-                .and_then(|line| line.split_whitespace().nth(1))
-                .and_then(|kib| kib.parse::<f64>().ok())
-        })
-        .map_or(f64::NAN, |kib| kib / 1024.0)
-}
-
 fn main() -> Result<()> {
     let args = Args::parse();
     let dir = std::env::temp_dir().join(format!("bench-cosmos-dev-{}", std::process::id()));
@@ -231,7 +218,7 @@ fn main() -> Result<()> {
                 backlog as f64 / backlog_s,
                 poll_s * 1e3,
                 empty_s * 1e3,
-                rss_mib(pid)
+                common::status_mib(&pid.to_string(), "VmRSS").unwrap_or(f64::NAN)
             );
         }
         anyhow::Ok(())

@@ -76,16 +76,6 @@ fn unique() -> u64 {
     COUNTER.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
 }
 
-fn peak_rss_mib() -> f64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find(|line| line.starts_with("VmHWM:"))
-        .and_then(|line| line.split_whitespace().nth(1))
-        .and_then(|kib| kib.parse::<f64>().ok())
-        .map_or(0.0, |kib| kib / 1024.0)
-}
-
 fn ingest_config(brokers: &str, prefix: &str) -> IngestConfig {
     let mut config = IngestConfig::default();
     config.kafka.brokers = brokers.to_owned();
@@ -482,7 +472,7 @@ async fn main() -> Result<()> {
     );
     println!(
         "peak RSS of the benchmark process (broker excluded): {:.0} MiB",
-        peak_rss_mib()
+        common::status_mib("self", "VmHWM").unwrap_or(0.0)
     );
     Ok(())
 }

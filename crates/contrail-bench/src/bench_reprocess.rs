@@ -171,19 +171,13 @@ fn reprocess(
     let pid = child.id();
     // Peak RSS (VmHWM) and CPU time, read from /proc while it runs: the last reading before it
     // exits (the high-water mark only rises; CPU misses at most the last poll interval).
-    let (mut peak_kib, mut cpu_s) = (0u64, 0.0);
+    let (mut peak_mib, mut cpu_s) = (0.0, 0.0);
     let status = loop {
         if let Some(status) = child.try_wait()? {
             break status;
         }
-        if let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/status"))
-            && let Some(kib) = text
-                .lines()
-                .find(|line| line.starts_with("VmHWM:"))
-                .and_then(|line| line.split_whitespace().nth(1))
-                .and_then(|kib| kib.parse().ok())
-        {
-            peak_kib = kib;
+        if let Some(mib) = common::status_mib(&pid.to_string(), "VmHWM") {
+            peak_mib = mib;
         }
         let used = common::process_cpu_seconds(pid);
         if used > 0.0 {
@@ -206,7 +200,7 @@ fn reprocess(
         produced,
         wall_s,
         cpu_s,
-        peak_rss_mib: peak_kib as f64 / 1024.0,
+        peak_rss_mib: peak_mib,
     })
 }
 

@@ -81,6 +81,18 @@ pub fn counter(stage: &contrail_testkit::cosmos::CosmosStage, name: &str) -> f64
         .unwrap_or(0.0)
 }
 
+/// A memory field of `/proc/<pid>/status` (`pid` "self" for this process), MiB: `VmHWM` (peak
+/// resident) or `VmRSS` (resident now); `None` when the process or the field is gone.
+pub fn status_mib(pid: &str, field: &str) -> Option<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|kib| kib.parse::<f64>().ok())
+        .map(|kib| kib / 1024.0)
+}
+
 /// CPU time (user + system) a process has used so far, seconds, from `/proc/<pid>/stat`.
 pub fn process_cpu_seconds(pid: u32) -> f64 {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
@@ -103,6 +115,16 @@ pub fn process_cpu_seconds(pid: u32) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn memory_fields_are_read_by_their_exact_name() {
+        // The resident size first: the peak read after it can only be as large or larger.
+        let now = status_mib("self", "VmRSS").expect("this process has a resident size");
+        let peak = status_mib("self", "VmHWM").expect("and a peak");
+        assert!(now > 0.0 && now <= peak, "{now} ≤ {peak}");
+        assert_eq!(status_mib("self", "VmHW"), None, "a prefix is not the field");
+        assert_eq!(status_mib("0", "VmHWM"), None, "no such process");
+    }
 
     #[test]
     fn quantiles_of_a_labelled_histogram_sum_the_label_sets() {
