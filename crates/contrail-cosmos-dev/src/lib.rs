@@ -22,6 +22,7 @@
 pub mod auth;
 pub mod cli;
 pub mod feed_cache;
+pub mod store;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
