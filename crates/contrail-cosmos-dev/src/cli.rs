@@ -5,14 +5,18 @@ use clap::{CommandFactory, FromArgMatches, Parser};
 
 /// A local Azure Cosmos DB endpoint for development and tests (never for production).
 ///
-/// Serves Microsoft's in-memory Cosmos DB emulator (from azure_data_cosmos_driver) over plain HTTP
-/// on a loopback address, so separate processes using the ordinary azure_data_cosmos client share
-/// one account: point them at http://127.0.0.1:PORT/ with any key, or, with `--key`, signed with
-/// that key as the service checks. State lives in memory only and is gone when the process exits.
+/// Answers the Cosmos DB REST API over plain HTTP on a loopback address, so separate processes
+/// using the ordinary azure_data_cosmos client share one account: point them at
+/// http://127.0.0.1:PORT/ with any key, or, with `--key`, signed with that key as the service
+/// checks. The default engine is cosmos-dev's own store (a change feed poll costs the same however
+/// many documents it holds); `--engine emulator` serves Microsoft's in-memory emulator instead.
+/// State lives in memory only and is gone when the process exits.
 ///
-/// Beyond the Cosmos REST API it answers GET /_dev/healthz, GET /_dev/stats (request counts) and
+/// Beyond the Cosmos REST API it answers GET /_dev/healthz, GET /_dev/stats (request counts),
 /// POST /_dev/split?db=DB&coll=COLL&partition=N (splits a physical partition in two and answers
-/// when done, to exercise feed-range splits).
+/// when done, to exercise feed-range splits), POST /_dev/key (body: a new base64 key, as after
+/// regenerating it in Azure) and POST /_dev/throttle?requests=N&retryAfterMs=M (the next N
+/// document requests are answered 429).
 #[derive(Parser)]
 #[command(name = "cosmos-dev")]
 struct Cli {

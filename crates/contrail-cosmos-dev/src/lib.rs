@@ -2,26 +2,26 @@
 //! stage.
 //!
 //! The real service and its Docker emulator are out of reach on a developer machine without Docker.
-//! `azure_data_cosmos_driver` ships Microsoft's own in-memory emulator (feature
-//! `__internal_in_memory_emulator`, pinned exactly with the client); it normally replaces the HTTP
-//! transport inside one process. This crate puts it behind a small HTTP server instead: every
-//! request is handed to [`InMemoryEmulatorHttpClient::execute_request`] and its response sent back.
-//! The virtual region's gateway URL is the server's own address, so the account discovery at
-//! `GET /` points clients back here, and separate processes using the ordinary client share one
-//! account (the stages, their tests and the change feed reader all see the same store).
+//! This server answers the Cosmos DB REST API on a loopback address, so separate processes using
+//! the ordinary `azure_data_cosmos` client share one account (the stages, their tests and the
+//! change feed reader all see the same store); `GET /` names the server itself as the region's
+//! gateway.
 //!
-//! One addition to the emulator: it keeps no per-document log sequence number, while the real
-//! service puts `_lsn` into every document and change feed item (contrail identifies a change by
-//! `(id, _lsn)`). This server stamps each document body it receives in a create, upsert or replace
-//! with `_lsn` from a process-wide counter — unique and increasing per write, which is what the
-//! pipeline relies on (the service's `_lsn` is increasing per physical partition).
+//! Two engines answer (`--engine`): cosmos-dev's own store ([`store`], served by [`server`]; the
+//! default), whose change feed is an index by `_lsn` so a poll costs the same at a million
+//! documents as at a hundred, and Microsoft's in-memory emulator from `azure_data_cosmos_driver`
+//! (`emulated`), the reference the own store was checked against, which slows as it fills.
+//! Where the own store departs from the service and from the emulator is said in [`store`].
 //!
-//! Limits (the emulator's): state is in memory only; the change feed keeps only the latest
-//! version of each document (as the service's latest-version mode does between polls).
+//! Beyond the REST API: `GET /_dev/healthz`, `GET /_dev/stats`, `POST /_dev/split` (split a
+//! physical partition), `POST /_dev/key` (a regenerated account key) and `POST /_dev/throttle`
+//! (429 with retry-after for the next N document requests). State is in memory only.
 
 pub mod auth;
 pub mod cli;
+mod emulated;
 pub mod feed_cache;
+pub mod server;
 pub mod store;
 
 use std::net::SocketAddr;
@@ -30,13 +30,9 @@ use std::sync::{Arc, RwLock};
 
 use anyhow::Context;
 use axum::Router;
-use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use azure_data_cosmos_driver::in_memory_emulator::{
-    InMemoryEmulatorHttpClient, VirtualAccountConfig, VirtualRegion,
-};
 
 /// Largest request body accepted (Cosmos' own limit for a document is 2 MiB).
 const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
@@ -59,28 +55,40 @@ pub struct Options {
     /// Unset: any key is accepted.
     #[arg(long, env = "CONTRAIL_COSMOS_DEV_KEY", hide_env_values = true)]
     pub key: Option<String>,
+    /// Which store answers: `own` (cosmos-dev's store: a change feed read costs O(log n + page)
+    /// however many documents it holds) or `emulator` (the SDK's in-memory emulator, the reference
+    /// it was checked against; it slows as it fills).
+    #[arg(long, value_enum, default_value_t = Engine::Own)]
+    pub engine: Engine,
+}
+
+/// The store behind the endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Engine {
+    /// cosmos-dev's own store ([`store`], served by [`server`]).
+    Own,
+    /// Microsoft's in-memory emulator from `azure_data_cosmos_driver`.
+    Emulator,
 }
 
 /// Request counters, shown at `GET /_dev/stats`.
 #[derive(Default)]
-struct Stats {
+pub struct Stats {
     requests: AtomicU64,
     writes: AtomicU64,
     errors: AtomicU64,
 }
 
 struct DevState {
-    emulator: InMemoryEmulatorHttpClient,
-    base: url::Url,
-    lsn: AtomicU64,
     stats: Stats,
     /// The account key requests must be signed with (`None`: not checked).
     key: RwLock<Option<Vec<u8>>>,
-    /// Held from stamping a document write's `_lsn` until the emulator applied it, so writes are
-    /// applied — and appear in the change feed — in `_lsn` order, as in the service.
-    write_order: tokio::sync::Mutex<()>,
-    /// "Nothing new" answers to change feed reads, reused while their container is unchanged.
-    feeds: feed_cache::FeedCache,
+    engine: Served,
+}
+
+enum Served {
+    Own(server::OwnStore),
+    Emulator(emulated::Emulated),
 }
 
 /// Binds, prints the endpoint and serves until SIGINT/SIGTERM.
@@ -90,11 +98,10 @@ pub async fn serve(options: Options) -> anyhow::Result<()> {
         .with_context(|| format!("cannot listen on {}", options.listen))?;
     let address: SocketAddr = listener.local_addr().context("local address")?;
     let base = url::Url::parse(&format!("http://{address}/")).context("endpoint URL")?;
-    let region = VirtualRegion::new(&options.region, base.clone());
-    let config = VirtualAccountConfig::new(vec![region])
-        .map_err(|error| anyhow::anyhow!("emulator account: {error}"))?;
-    let emulator =
-        InMemoryEmulatorHttpClient::try_new(config).map_err(|error| anyhow::anyhow!("emulator: {error}"))?;
+    let engine = match options.engine {
+        Engine::Own => Served::Own(server::OwnStore::new(base.clone(), options.region.clone())),
+        Engine::Emulator => Served::Emulator(emulated::Emulated::new(&base, &options.region)?),
+    };
     let key = options
         .key
         .as_deref()
@@ -102,26 +109,23 @@ pub async fn serve(options: Options) -> anyhow::Result<()> {
         .transpose()
         .map_err(|error| anyhow::anyhow!("--key: {error}"))?;
     let state = Arc::new(DevState {
-        emulator,
-        base: base.clone(),
-        lsn: AtomicU64::new(0),
         stats: Stats::default(),
         key: RwLock::new(key),
-        write_order: tokio::sync::Mutex::new(()),
-        feeds: feed_cache::FeedCache::default(),
+        engine,
     });
     let app = Router::new()
         .route("/_dev/healthz", get(|| async { "ok\n" }))
         .route("/_dev/stats", get(stats))
         .route("/_dev/split", axum::routing::post(split))
         .route("/_dev/key", axum::routing::post(replace_key))
-        .fallback(forward)
+        .route("/_dev/throttle", axum::routing::post(throttle))
+        .fallback(cosmos)
         .with_state(state);
     if let Some(path) = &options.address_file {
         std::fs::write(path, address.to_string())
             .with_context(|| format!("cannot write {}", path.display()))?;
     }
-    tracing::info!(endpoint = %base, region = %options.region, "cosmos-dev serving the in-memory emulator");
+    tracing::info!(endpoint = %base, region = %options.region, engine = ?options.engine, "cosmos-dev serving");
     println!("cosmos-dev listening on {base}");
     let stopping = Arc::new(tokio::sync::Notify::new());
     let signalled = Arc::clone(&stopping);
@@ -163,12 +167,33 @@ async fn shutdown_signal() {
 }
 
 async fn stats(State(state): State<Arc<DevState>>) -> impl IntoResponse {
+    let (writes, last_lsn, unchanged, documents, throttled) = match &state.engine {
+        Served::Own(own) => {
+            let lsn = own.last_lsn();
+            (
+                lsn,
+                lsn,
+                own.unchanged_reads(),
+                Some(own.document_count()),
+                own.throttled_requests(),
+            )
+        }
+        Served::Emulator(emulated) => (
+            state.stats.writes.load(Ordering::Relaxed),
+            emulated.last_lsn(),
+            emulated.unchanged_reads(),
+            None,
+            0,
+        ),
+    };
     let body = serde_json::json!({
         "requests": state.stats.requests.load(Ordering::Relaxed),
-        "writes": state.stats.writes.load(Ordering::Relaxed),
+        "writes": writes,
         "errors": state.stats.errors.load(Ordering::Relaxed),
-        "lastLsn": state.lsn.load(Ordering::Relaxed),
-        "feedReadsAnsweredUnchanged": state.feeds.hits(),
+        "lastLsn": last_lsn,
+        "feedReadsAnsweredUnchanged": unchanged,
+        "documents": documents,
+        "throttled": throttled,
     });
     axum::Json(body)
 }
@@ -191,12 +216,18 @@ async fn split(
             "expected ?db=DB&coll=COLL&partition=N (N a physical partition id)".to_owned(),
         );
     };
-    let store = state.emulator.store();
-    state.feeds.written(None);
-    store.split_partition(db, coll, partition, std::time::Duration::from_millis(50));
-    store.wait_for_split(db, coll, partition).await;
-    state.feeds.written(None);
-    let children = store.child_partition_ids(db, coll, &[partition]);
+    let children = match &state.engine {
+        Served::Own(own) => match own.split(db, coll, partition) {
+            Ok((left, right)) => vec![left, right],
+            Err(refusal) => {
+                return plain(
+                    http::StatusCode::NOT_FOUND,
+                    format!("nothing split: {}", refusal.message),
+                );
+            }
+        },
+        Served::Emulator(emulated) => emulated.split(db, coll, partition).await,
+    };
     if children.is_empty() {
         return plain(
             http::StatusCode::NOT_FOUND,
@@ -208,55 +239,6 @@ async fn split(
         http::StatusCode::OK,
         format!("split {db}/{coll} partition {partition} into {children:?}\n"),
     )
-}
-
-/// Whether a request writes a whole document: create/upsert (`POST …/docs`) or replace
-/// (`PUT …/docs/{id}`). Queries (also `POST …/docs`) and batches carry other bodies.
-fn is_document_write(method: &http::Method, path: &str, headers: &http::HeaderMap) -> bool {
-    let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
-    let is_query = feed_cache::is_query(headers);
-    let is_batch = headers.contains_key("x-ms-cosmos-is-batch-request");
-    match *method {
-        http::Method::POST => {
-            segments.len() == 5 && segments[0] == "dbs" && segments[4] == "docs" && !is_query && !is_batch
-        }
-        http::Method::PUT => segments.len() == 6 && segments[0] == "dbs" && segments[4] == "docs",
-        _ => false,
-    }
-}
-
-/// Stamps `_lsn` into a document body — text JSON or Cosmos binary JSON (the client's default
-/// encoding), answered in the same encoding; other bodies are returned unchanged (`None`).
-fn stamp_lsn(body: &[u8], lsn: u64) -> Option<Vec<u8>> {
-    use azure_data_cosmos_driver::binary_json;
-    let binary = binary_json::is_binary(body);
-    let mut value: serde_json::Value = if binary {
-        binary_json::decode(body).ok()?
-    } else if body.first() == Some(&b'{') {
-        serde_json::from_slice(body).ok()?
-    } else {
-        return None;
-    };
-    value
-        .as_object_mut()?
-        .insert("_lsn".to_owned(), serde_json::Value::from(lsn));
-    if binary {
-        Some(binary_json::encode(&value))
-    } else {
-        serde_json::to_vec(&value).ok()
-    }
-}
-
-fn method_of(method: &http::Method) -> Option<azure_core::http::Method> {
-    Some(match *method {
-        http::Method::GET => azure_core::http::Method::Get,
-        http::Method::POST => azure_core::http::Method::Post,
-        http::Method::PUT => azure_core::http::Method::Put,
-        http::Method::DELETE => azure_core::http::Method::Delete,
-        http::Method::PATCH => azure_core::http::Method::Patch,
-        http::Method::HEAD => azure_core::http::Method::Head,
-        _ => return None,
-    })
 }
 
 /// `POST /_dev/key` (body: the new key, base64): requests signed with the old key get `401` from now
@@ -274,11 +256,47 @@ async fn replace_key(State(state): State<Arc<DevState>>, body: String) -> Respon
     }
 }
 
-fn plain(status: http::StatusCode, message: String) -> Response {
-    (status, message).into_response()
+/// `POST /_dev/throttle?requests=N&retryAfterMs=M`: the next N document requests are answered
+/// 429 with `x-ms-retry-after-ms: M`, as a container over its throughput is (own store only).
+async fn throttle(
+    State(state): State<Arc<DevState>>,
+    axum::extract::Query(params): axum::extract::Query<std::collections::HashMap<String, String>>,
+) -> Response {
+    let requests = params.get("requests").and_then(|value| value.parse::<u64>().ok());
+    let retry_after = params
+        .get("retryAfterMs")
+        .map_or(Some(100), |value| value.parse::<u64>().ok());
+    let (Some(requests), Some(retry_after)) = (requests, retry_after) else {
+        return plain(
+            http::StatusCode::BAD_REQUEST,
+            "expected ?requests=N[&retryAfterMs=M] (whole numbers; M defaults to 100)".to_owned(),
+        );
+    };
+    match &state.engine {
+        Served::Own(own) => {
+            own.throttle(requests, retry_after);
+            tracing::info!(
+                requests,
+                retry_after_ms = retry_after,
+                "throttling document requests"
+            );
+            plain(
+                http::StatusCode::OK,
+                format!(
+                    "the next {requests} document requests are answered 429 (retry after {retry_after} ms)\n"
+                ),
+            )
+        }
+        Served::Emulator(_) => plain(
+            http::StatusCode::BAD_REQUEST,
+            "throttling is served by the own store only (--engine own)".to_owned(),
+        ),
+    }
 }
 
-async fn forward(State(state): State<Arc<DevState>>, request: Request) -> Response {
+/// Every Cosmos REST request: authorized with the account key (when one is set), then answered by
+/// the engine.
+async fn cosmos(State(state): State<Arc<DevState>>, request: Request) -> Response {
     state.stats.requests.fetch_add(1, Ordering::Relaxed);
     let (parts, body) = request.into_parts();
     let refusal = match state.key.read() {
@@ -297,12 +315,6 @@ async fn forward(State(state): State<Arc<DevState>>, request: Request) -> Respon
         )
             .into_response();
     }
-    let Some(method) = method_of(&parts.method) else {
-        return plain(
-            http::StatusCode::METHOD_NOT_ALLOWED,
-            format!("method {} is not part of the Cosmos DB API", parts.method),
-        );
-    };
     let body = match axum::body::to_bytes(body, MAX_BODY_BYTES).await {
         Ok(body) => body,
         Err(error) => {
@@ -312,179 +324,18 @@ async fn forward(State(state): State<Arc<DevState>>, request: Request) -> Respon
             );
         }
     };
-    let path_and_query = parts.uri.path_and_query().map(|pq| pq.as_str()).unwrap_or("/");
-    let url = match state.base.join(path_and_query.trim_start_matches('/')) {
-        Ok(url) => url,
-        Err(error) => {
-            return plain(
-                http::StatusCode::BAD_REQUEST,
-                format!("bad request path {path_and_query:?}: {error}"),
-            );
+    match &state.engine {
+        Served::Own(own) => {
+            let response = own.handle(&parts.method, parts.uri.path(), &parts.headers, &body);
+            if response.status().is_server_error() {
+                state.stats.errors.fetch_add(1, Ordering::Relaxed);
+            }
+            response
         }
-    };
-    let container = feed_cache::container_of(parts.uri.path());
-    let feed_read =
-        feed_cache::is_change_feed_read(&parts.method, parts.uri.path(), &parts.headers).then(|| {
-            let question = feed_cache::question(path_and_query, &parts.headers);
-            let stamp = state.feeds.stamp(container.as_deref().unwrap_or_default());
-            (question, stamp)
-        });
-    if let Some((question, stamp)) = &feed_read
-        && let Some(headers) = state.feeds.answer(question, *stamp)
-    {
-        return not_modified(headers, parts.headers.get("x-ms-activity-id"));
+        Served::Emulator(emulated) => emulated.forward(&state.stats, parts, body).await,
     }
-    let mut core_request = azure_core::http::Request::new(url, method);
-    for (name, value) in &parts.headers {
-        if let Ok(value) = value.to_str() {
-            core_request.insert_header(name.as_str().to_owned(), value.to_owned());
-        }
-    }
-    let mut payload = body.to_vec();
-    let write = is_document_write(&parts.method, parts.uri.path(), &parts.headers);
-    // The service's `_lsn` is the order of its change feed; contrail relies on that (history
-    // drops a change whose `_lsn` is not above what it applied from its feed range). Concurrent
-    // writes are therefore stamped and applied one at a time.
-    let _in_lsn_order = if write {
-        Some(state.write_order.lock().await)
-    } else {
-        None
-    };
-    if write {
-        let lsn = state.lsn.fetch_add(1, Ordering::Relaxed) + 1;
-        if let Some(stamped) = stamp_lsn(&payload, lsn) {
-            payload = stamped;
-            state.stats.writes.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-    core_request.set_body(payload);
-    let executed = state.emulator.execute_request(&core_request).await;
-    if !feed_cache::only_reads(&parts.method, &parts.headers) {
-        // Applied (or refused): answers computed before it may be stale.
-        state.feeds.written(container.as_deref());
-    }
-    let response = match executed {
-        Ok(response) => response,
-        Err(error) => {
-            state.stats.errors.fetch_add(1, Ordering::Relaxed);
-            return plain(http::StatusCode::BAD_GATEWAY, format!("emulator: {error}"));
-        }
-    };
-    let raw = match response.try_into_raw_response().await {
-        Ok(raw) => raw,
-        Err(error) => {
-            state.stats.errors.fetch_add(1, Ordering::Relaxed);
-            return plain(http::StatusCode::BAD_GATEWAY, format!("emulator body: {error}"));
-        }
-    };
-    let status = http::StatusCode::from_u16(u16::from(raw.status()))
-        .unwrap_or(http::StatusCode::INTERNAL_SERVER_ERROR);
-    if let Some((question, stamp)) = feed_read
-        && status == http::StatusCode::NOT_MODIFIED
-    {
-        let headers = raw
-            .headers()
-            .iter()
-            .map(|(name, value)| (name.as_str().to_owned(), value.as_str().to_owned()))
-            .collect();
-        state.feeds.keep(question, stamp, headers);
-    }
-    let mut builder = Response::builder().status(status);
-    for (name, value) in raw.headers().iter() {
-        if is_framing(name.as_str()) {
-            continue;
-        }
-        builder = builder.header(name.as_str(), value.as_str());
-    }
-    let body: bytes::Bytes = raw.into_body().into();
-    builder
-        .body(Body::from(body))
-        .unwrap_or_else(|error| plain(http::StatusCode::INTERNAL_SERVER_ERROR, error.to_string()))
 }
 
-/// Whether a response header frames the body: the server re-frames what it sends, so these
-/// hop-by-hop headers of the emulator's response must not be copied.
-fn is_framing(name: &str) -> bool {
-    name.eq_ignore_ascii_case("content-length") || name.eq_ignore_ascii_case("transfer-encoding")
-}
-
-/// A kept "nothing new" answer, carrying this request's activity id as the emulator would.
-fn not_modified(headers: Vec<(String, String)>, activity_id: Option<&http::HeaderValue>) -> Response {
-    let mut builder = Response::builder().status(http::StatusCode::NOT_MODIFIED);
-    for (name, value) in headers {
-        if is_framing(&name) {
-            continue;
-        }
-        if name.eq_ignore_ascii_case("x-ms-activity-id")
-            && let Some(activity_id) = activity_id
-        {
-            builder = builder.header(name, activity_id.clone());
-            continue;
-        }
-        builder = builder.header(name, value);
-    }
-    builder
-        .body(Body::empty())
-        .unwrap_or_else(|error| plain(http::StatusCode::INTERNAL_SERVER_ERROR, error.to_string()))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn document_writes_are_recognised() {
-        let none = http::HeaderMap::new();
-        let post = http::Method::POST;
-        let put = http::Method::PUT;
-        assert!(is_document_write(
-            &post,
-            "/dbs/contrail/colls/flights/docs",
-            &none
-        ));
-        assert!(is_document_write(
-            &put,
-            "/dbs/contrail/colls/flights/docs/AA-1",
-            &none
-        ));
-        assert!(!is_document_write(
-            &http::Method::GET,
-            "/dbs/contrail/colls/flights/docs/AA-1",
-            &none
-        ));
-        assert!(!is_document_write(&post, "/dbs/contrail/colls", &none));
-        let mut query = http::HeaderMap::new();
-        query.insert("x-ms-documentdb-isquery", http::HeaderValue::from_static("True"));
-        assert!(!is_document_write(
-            &post,
-            "/dbs/contrail/colls/flights/docs",
-            &query
-        ));
-        let mut batch = http::HeaderMap::new();
-        batch.insert(
-            "x-ms-cosmos-is-batch-request",
-            http::HeaderValue::from_static("True"),
-        );
-        assert!(!is_document_write(
-            &post,
-            "/dbs/contrail/colls/flights/docs",
-            &batch
-        ));
-    }
-
-    #[test]
-    fn lsn_is_stamped_into_objects_only() {
-        let stamped = stamp_lsn(br#"{"id":"a","version":3}"#, 42).expect("object");
-        let value: serde_json::Value = serde_json::from_slice(&stamped).expect("json");
-        assert_eq!(value["_lsn"], 42);
-        assert_eq!(value["version"], 3);
-        assert!(stamp_lsn(b"[1,2]", 1).is_none());
-        let binary =
-            azure_data_cosmos_driver::binary_json::encode(&serde_json::json!({"id": "b", "version": 2}));
-        let stamped = stamp_lsn(&binary, 7).expect("binary object");
-        let value = azure_data_cosmos_driver::binary_json::decode(&stamped).expect("binary");
-        assert_eq!(value["_lsn"], 7);
-        assert_eq!(value["id"], "b");
-        assert!(stamp_lsn(b"{not json", 1).is_none());
-    }
+fn plain(status: http::StatusCode, message: String) -> Response {
+    (status, message).into_response()
 }
