@@ -129,6 +129,13 @@ pub async fn serve(options: Options) -> anyhow::Result<()> {
     println!("cosmos-dev listening on {base}");
     let stopping = Arc::new(tokio::sync::Notify::new());
     let signalled = Arc::clone(&stopping);
+    // Answers leave at once: without TCP_NODELAY a response written in two segments waits for the
+    // client's delayed ACK (≈ 40 ms), which paced every change feed page.
+    let listener = axum::serve::ListenerExt::tap_io(listener, |stream: &mut tokio::net::TcpStream| {
+        if let Err(error) = stream.set_nodelay(true) {
+            tracing::debug!(%error, "cannot set TCP_NODELAY");
+        }
+    });
     let server = axum::serve(listener, app).with_graceful_shutdown(async move {
         shutdown_signal().await;
         signalled.notify_one();
