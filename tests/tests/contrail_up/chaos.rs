@@ -22,6 +22,8 @@ fn contrail_up_replays_a_month_with_chaos_and_every_store_is_exactly_once() {
             "3",
             "--chaos-min-kills",
             "2",
+            "--chaos-freeze-cosmos-s",
+            "10",
             "--drain-timeout-s",
             "600",
         ],
@@ -356,7 +358,8 @@ fn chaos_goes_on_after_the_summary_when_asked_and_every_killed_stage_comes_back(
 }
 
 /// The large chaos run of exactly-once: five months (> 1,000,000 deliveries), at least
-/// 50 `kill -9` over all stages, a broker restart (its data on disk) and a lost dedup-state volume,
+/// 50 `kill -9` over all stages, a broker restart (its data on disk), a lost dedup-state volume
+/// and the Cosmos endpoint frozen for 60 s,
 /// checked exactly as the month above. About an hour on 2 cores: `scripts/chaos-large.sh` runs
 /// it (with a tansu that has sqlite storage) and records its output in docs/chaos-large-run.txt.
 #[test]
@@ -387,6 +390,8 @@ fn a_large_chaos_run_with_a_broker_restart_and_a_lost_volume_is_exactly_once() {
         "10",
         "--chaos-volume-losses",
         "1",
+        "--chaos-freeze-cosmos-s",
+        "60",
         "--drain-timeout-s",
         "1800",
     ]

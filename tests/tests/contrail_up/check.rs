@@ -111,6 +111,20 @@ pub(super) fn replay_with_chaos_and_check(run: ChaosRun<'_>) -> serde_json::Valu
             assert_eq!(summary[event].as_u64(), Some(asked), "{event}");
         }
     }
+    if run.args.contains(&"--chaos-freeze-cosmos-s") {
+        assert_eq!(
+            summary["cosmos_freezes"].as_u64(),
+            Some(1),
+            "one freeze of the Cosmos endpoint"
+        );
+        let froze = output
+            .find("chaos: freeze cosmos-dev")
+            .expect("the freeze is reported");
+        let thawed = output
+            .find("chaos: thaw cosmos-dev")
+            .expect("the thaw is reported");
+        assert!(froze < thawed, "frozen, then thawed");
+    }
 
     // The test's own expectation, from the events on the raw topic (the input as ingest wrote it).
     let brokers = up.brokers();

@@ -36,9 +36,10 @@ pub struct Platform {
     pub replicas: Vec<Replica>,
     /// Set by `shutdown`: the supervisor restarts nothing any more.
     pub stopping: bool,
-    /// Broker restarts and dedup-state volume losses chaos caused.
+    /// Broker restarts, dedup-state volume losses and Cosmos endpoint freezes chaos caused.
     pub broker_restarts: u32,
     pub volume_losses: u32,
+    pub cosmos_freezes: u32,
 }
 
 impl Platform {

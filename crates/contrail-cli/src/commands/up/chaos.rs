@@ -1,16 +1,17 @@
 //! Chaos: `kill -9` of one stage instance per interval (seeded rounds, so every instance is hit
-//! equally often), and among those kills the broker restarts and dedup-state volume losses asked for;
+//! equally often), and among those kills the broker restarts, dedup-state volume losses and a freeze
+//! of the local Cosmos endpoint (SIGSTOP, then SIGCONT) asked for;
 //! from the start of the replay until it is done and every stage was killed often enough; then,
 //! while the platform stays up after the summary, a `kill -9` per interval again.
 
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
 use super::context::{Milestones, Up};
 use crate::local::Platform;
-use crate::local::{ChaosPlan, shard_dir};
+use crate::local::{ChaosPlan, send_signal, shard_dir};
 
 /// What chaos is asked to do.
 pub(super) struct ChaosSettings {
@@ -24,6 +25,8 @@ pub(super) struct ChaosSettings {
     pub(super) broker_restarts: u32,
     /// dedup-state volume losses to do.
     pub(super) volume_losses: u32,
+    /// Freeze the local Cosmos endpoint once for this long (SIGSTOP, then SIGCONT).
+    pub(super) cosmos_freeze: Option<Duration>,
     /// Go on killing after the summary, for as long as the platform runs.
     pub(super) after_summary: bool,
 }
@@ -40,6 +43,10 @@ struct Chaos {
     workdir: PathBuf,
     /// The first tick the next volume loss may strike.
     next_volume_loss: u64,
+    /// The Cosmos endpoint freeze still to do.
+    cosmos_freeze_left: Option<Duration>,
+    /// When the frozen Cosmos endpoint is thawed.
+    thaw_at: Option<Instant>,
 }
 
 /// Ticks between volume losses.
@@ -103,6 +110,19 @@ impl Chaos {
                 Err(error) => format!("chaos: volume loss of {} failed: {error:#}", dedup.name),
             };
         }
+        if let Some(freeze) = self.cosmos_freeze_left
+            && self.tick % 11 == 5
+        {
+            self.cosmos_freeze_left = None;
+            self.thaw_at = Some(Instant::now() + freeze);
+            let pid = platform.cosmos.pid();
+            send_signal(pid, libc::SIGSTOP);
+            platform.cosmos_freezes += 1;
+            return format!(
+                "chaos: freeze cosmos-dev (pid {pid}, SIGSTOP) for {:.0} s: the serving store stops answering",
+                freeze.as_secs_f64()
+            );
+        }
         if self.broker_restarts_left > 0 && self.tick % 13 == 6 {
             self.broker_restarts_left -= 1;
             let pid = platform.broker.pid();
@@ -132,6 +152,26 @@ impl Chaos {
     }
 }
 
+impl Chaos {
+    /// Thaws the frozen Cosmos endpoint once its time is up (or at once when `now` is set: the
+    /// platform is stopping and a stopped process would not hear its SIGTERM).
+    fn thaw_if_due(&mut self, platform: &Platform, now: bool) -> Option<String> {
+        let due = self.thaw_at?;
+        if !now && Instant::now() < due {
+            return None;
+        }
+        self.thaw_at = None;
+        let pid = platform.cosmos.pid();
+        send_signal(pid, libc::SIGCONT);
+        Some(format!("chaos: thaw cosmos-dev (pid {pid}, SIGCONT)"))
+    }
+
+    /// Whether every freeze asked for is done and thawed.
+    fn thawed(&self) -> bool {
+        self.cosmos_freeze_left.is_none() && self.thaw_at.is_none()
+    }
+}
+
 /// Strikes every `interval` from the start of the replay until it is done and chaos did all it
 /// was asked; then marks chaos done (the checks may settle). With `after_summary`, strikes again
 /// once the summary is printed, until the platform stops.
@@ -144,6 +184,8 @@ pub(super) fn spawn(up: Up, settings: ChaosSettings) -> tokio::task::JoinHandle<
         volume_losses_left: settings.volume_losses,
         workdir: up.workdir.clone(),
         next_volume_loss: 4,
+        cosmos_freeze_left: settings.cosmos_freeze,
+        thaw_at: None,
     };
     tokio::spawn(async move {
         // Chaos starts with the replay (the consumers have joined their groups by then).
@@ -151,25 +193,31 @@ pub(super) fn spawn(up: Up, settings: ChaosSettings) -> tokio::task::JoinHandle<
         tokio::time::sleep(settings.interval).await;
         let mut after_summary = false;
         loop {
-            let line = up.platform.with(|platform| {
+            let (thawed, line) = up.platform.with(|platform| {
+                let thawed = chaos.thaw_if_due(platform, platform.stopping);
                 if platform.stopping {
-                    return None; // shutting down (Ctrl-C or a failed replay): restart nothing
+                    return (thawed, None); // shutting down (Ctrl-C or a failed replay): restart nothing
                 }
                 if after_summary {
-                    return Some(chaos.strike(platform));
+                    return (thawed, Some(chaos.strike(platform)));
                 }
                 let enough = platform
                     .stages
                     .iter()
                     .all(|stage| stage.kills >= settings.min_kills)
                     && chaos.broker_restarts_left == 0
-                    && chaos.volume_losses_left == 0;
+                    && chaos.volume_losses_left == 0
+                    && chaos.thawed();
                 if Milestones::is_set(&up.milestones.replay_done) && enough {
                     Milestones::set(&up.milestones.chaos_done);
-                    return Some("chaos: every stage was killed enough times; stopping chaos".to_owned());
+                    let over = "chaos: every stage was killed enough times; stopping chaos".to_owned();
+                    return (thawed, Some(over));
                 }
-                Some(chaos.strike(platform))
+                (thawed, Some(chaos.strike(platform)))
             });
+            if let Some(thawed) = thawed {
+                up.say(thawed);
+            }
             let Some(line) = line else {
                 return;
             };

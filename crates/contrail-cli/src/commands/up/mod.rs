@@ -112,6 +112,12 @@ pub struct UpArgs {
     /// lost volume) and start it again: it restores the newest complete checkpoint.
     #[arg(long, default_value_t = 0)]
     chaos_volume_losses: u32,
+    /// Under --chaos, also freeze the local Cosmos endpoint once (SIGSTOP) for this many seconds,
+    /// then thaw it (SIGCONT): the serving store stops answering without losing anything, as a
+    /// region outage or a stalled gateway looks to the writers (0: no freeze). The thaw comes at
+    /// the first chaos strike after the time is up.
+    #[arg(long, default_value_t = 0)]
+    chaos_freeze_cosmos_s: u64,
     /// Stop everything after the summary instead of keeping the board up until Ctrl-C.
     #[arg(long)]
     exit: bool,
@@ -373,6 +379,8 @@ impl Run<'_> {
                     seed: args.feed.seed,
                     broker_restarts: args.chaos_broker_restarts,
                     volume_losses: args.chaos_volume_losses,
+                    cosmos_freeze: (args.chaos_freeze_cosmos_s > 0)
+                        .then(|| Duration::from_secs(args.chaos_freeze_cosmos_s)),
                     after_summary: args.chaos_keep_going,
                 },
             )
@@ -475,6 +483,7 @@ impl Run<'_> {
         up.platform.with(|platform| {
             summary["broker_restarts"] = json!(platform.broker_restarts);
             summary["volume_losses"] = json!(platform.volume_losses);
+            summary["cosmos_freezes"] = json!(platform.cosmos_freezes);
             let mut peaks = serde_json::Map::new();
             for managed in platform.stages.iter().chain([&platform.broker, &platform.cosmos]) {
                 if let Some(mib) = summary::peak_rss_mib(managed.pid()) {

@@ -42,6 +42,7 @@ pub(super) async fn start_platform(
         stopping: false,
         broker_restarts: 0,
         volume_losses: 0,
+        cosmos_freezes: 0,
     })
 }
 
