@@ -178,18 +178,12 @@ impl OwnStore {
 
     /// The newest `_lsn` given to a write.
     pub fn last_lsn(&self) -> u64 {
-        self.account
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .last_lsn()
+        self.read_lock().last_lsn()
     }
 
     /// Documents held, in every container.
     pub fn document_count(&self) -> usize {
-        self.account
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .document_count()
+        self.read_lock().document_count()
     }
 
     /// Change feed reads answered "not modified".
@@ -204,10 +198,7 @@ impl OwnStore {
 
     /// `POST /_dev/split`: splits a physical partition; the children's range ids.
     pub fn split(&self, db: &str, coll: &str, range: u32) -> Result<(u32, u32), Refusal> {
-        self.account
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
-            .split(db, coll, range)
+        self.write_lock().split(db, coll, range)
     }
 
     /// `POST /_dev/throttle`: the next `requests` document requests are answered 429 with
@@ -270,7 +261,6 @@ impl OwnStore {
             coll,
             intended_rid: header(headers, "x-ms-cosmos-intended-collection-rid"),
         };
-        let ts = now_seconds();
         match (method.as_str(), names) {
             ("GET", []) => Ok(json(StatusCode::OK, headers, &[], self.account_properties())),
             ("POST", ["dbs"]) => {
@@ -279,7 +269,7 @@ impl OwnStore {
                     .and_then(Value::as_str)
                     .map(str::to_owned)
                     .ok_or_else(|| Refusal::bad_request("database properties need a string id".to_owned()))?;
-                let created = self.write_lock().create_database(&id, ts)?;
+                let created = self.write_lock().create_database(&id, now_seconds())?;
                 Ok(json(StatusCode::CREATED, headers, &[], created.to_string()))
             }
             ("GET", ["dbs", db]) => {
@@ -287,7 +277,9 @@ impl OwnStore {
                 Ok(json(StatusCode::OK, headers, &[], properties.to_string()))
             }
             ("POST", ["dbs", db, "colls"]) => {
-                let created = self.write_lock().create_container(db, &body_json(body)?, ts)?;
+                let created = self
+                    .write_lock()
+                    .create_container(db, &body_json(body)?, now_seconds())?;
                 Ok(json(StatusCode::CREATED, headers, &[], created.to_string()))
             }
             ("GET", ["dbs", db, "colls", coll]) => {

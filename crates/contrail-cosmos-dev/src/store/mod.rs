@@ -445,9 +445,7 @@ impl Account {
         let (_, container) = self.container(target)?;
         let key = Account::key_of(container, partition_key, id);
         container
-            .partitions
-            .iter()
-            .find(|partition| partition.holds(key.0))
+            .range_of(key.0)
             .and_then(|partition| partition.get(&key))
             .map(|stored| (stored.body.to_string(), etag_of(stored.lsn)))
             .ok_or_else(|| {
@@ -493,6 +491,7 @@ impl Account {
             }
         }
         let key = Account::key_of(container, partition_key, &id);
+        // The partitions field alone: the document's system properties read other fields below.
         let Some(partition) = container
             .partitions
             .iter_mut()
@@ -516,20 +515,7 @@ impl Account {
             }
             _ => {}
         }
-        if let Some(expected) = if_match {
-            let current = existing.map(|stored| etag_of(stored.lsn));
-            if current.as_deref() != Some(expected) {
-                return Err(Refusal::new(
-                    412,
-                    0,
-                    "PreconditionFailed",
-                    format!(
-                        "document {id}: If-Match {expected} but the current ETag is {}",
-                        current.as_deref().unwrap_or("none (no document)")
-                    ),
-                ));
-            }
-        }
+        check_if_match(&id, if_match, existing.map(|stored| stored.lsn))?;
         let rid_number = existing.map_or(next_document, |stored| stored.rid);
         for property in SYSTEM_PROPERTIES {
             document.remove(property);
@@ -587,32 +573,20 @@ impl Account {
     ) -> Result<(), Refusal> {
         let (_, container) = self.container_mut(target)?;
         let key = Account::key_of(container, partition_key, id);
-        let partition = container
-            .partitions
-            .iter_mut()
-            .find(|partition| partition.holds(key.0));
-        let Some((partition, stored)) =
-            partition.and_then(|partition| partition.get(&key).cloned().map(|stored| (partition, stored)))
-        else {
+        let current = container
+            .range_of(key.0)
+            .and_then(|partition| partition.get(&key))
+            .map(|stored| stored.lsn);
+        let Some(lsn) = current else {
             return Err(Refusal::not_found(format!(
                 "document {id} does not exist in {}/{}",
                 target.db, target.coll
             )));
         };
-        if let Some(expected) = if_match
-            && etag_of(stored.lsn) != expected
-        {
-            return Err(Refusal::new(
-                412,
-                0,
-                "PreconditionFailed",
-                format!(
-                    "document {id}: If-Match {expected} but the current ETag is {}",
-                    etag_of(stored.lsn)
-                ),
-            ));
+        check_if_match(id, if_match, Some(lsn))?;
+        if let Some(partition) = container.range_of_mut(key.0) {
+            partition.remove(&key);
         }
-        partition.remove(&key);
         Ok(())
     }
 
@@ -630,6 +604,37 @@ impl Account {
             .map(Partition::document_count)
             .sum()
     }
+}
+
+impl Container {
+    /// The partition key range holding effective partition key `epk` (the ranges cover the space).
+    fn range_of(&self, epk: u128) -> Option<&Partition> {
+        self.partitions.iter().find(|partition| partition.holds(epk))
+    }
+
+    fn range_of_mut(&mut self, epk: u128) -> Option<&mut Partition> {
+        self.partitions.iter_mut().find(|partition| partition.holds(epk))
+    }
+}
+
+/// `If-Match`: refused (412) unless it names the current version's ETag (`None`: no document).
+fn check_if_match(id: &str, if_match: Option<&str>, current_lsn: Option<u64>) -> Result<(), Refusal> {
+    let Some(expected) = if_match else {
+        return Ok(());
+    };
+    let current = current_lsn.map(etag_of);
+    if current.as_deref() == Some(expected) {
+        return Ok(());
+    }
+    Err(Refusal::new(
+        412,
+        0,
+        "PreconditionFailed",
+        format!(
+            "document {id}: If-Match {expected} but the current ETag is {}",
+            current.as_deref().unwrap_or("none (no document)")
+        ),
+    ))
 }
 
 fn check_rid(container: &Container, target: Target<'_>) -> Result<(), Refusal> {
