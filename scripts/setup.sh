@@ -167,6 +167,24 @@ PY
   rm -rf "$wheel_dir"
 fi
 export PATH="$CONTRAIL_TOOLS_DIR/bin:$PATH"
+
+# The durable local broker (records and consumer groups on disk, across kill -9 and restarts):
+# nisshi 0.8.1, tansu's successor, with its SQLite engine only. Built from crates.io once per
+# machine into $CONTRAIL_TOOLS_DIR, never per clone (its build time is in docs/TESTING.md).
+# Its dependency rama 0.4 declares rustc 1.96 but builds with this machine's 1.95, hence
+# --ignore-rust-version; --locked keeps nisshi's own pinned dependencies.
+nisshi_root="$CONTRAIL_TOOLS_DIR/nisshi-0.8.1"
+if [ -z "${CONTRAIL_NISSHI_BIN:-}" ] && ! [ -x "$nisshi_root/bin/nisshi" ]; then
+  echo "setup: building nisshi 0.8.1 (durable local broker, SQLite) once for this machine"
+  nisshi_started=$SECONDS
+  CARGO_TARGET_DIR="$CONTRAIL_TOOLS_DIR/build/nisshi" cargo install nisshi --version 0.8.1 --locked \
+    --ignore-rust-version --no-default-features --features libsql --root "$nisshi_root" --quiet
+  rm -rf "$CONTRAIL_TOOLS_DIR/build/nisshi"
+  echo "setup: nisshi built in $((SECONDS - nisshi_started)) s"
+fi
+CONTRAIL_NISSHI_BIN="${CONTRAIL_NISSHI_BIN:-$nisshi_root/bin/nisshi}"
+export CONTRAIL_NISSHI_BIN
+"$CONTRAIL_NISSHI_BIN" --version >/dev/null
 if ! python3 -c 'import kubernetes_validate' >/dev/null 2>&1; then
   echo "setup: installing kubernetes-validate (Kubernetes JSON schemas, offline)"
   python3 -m pip install --quiet --disable-pip-version-check kubernetes-validate==1.37.0

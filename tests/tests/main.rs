@@ -11,6 +11,7 @@ mod cosmos_writer;
 mod dedup_state;
 mod delta_archiver;
 mod deploy;
+mod durable_broker;
 mod exactly_once;
 mod gaps;
 mod ingest_api;

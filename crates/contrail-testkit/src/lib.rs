@@ -5,7 +5,8 @@
 //! Processes and plumbing:
 //! - [`Broker`]: a tansu Kafka-protocol broker on a free port (in-memory storage). One broker is
 //!   shared by all tests of a process ([`shared_broker`]); a test that breaks its broker (SIGSTOP)
-//!   starts its own with [`Broker::start`].
+//!   starts its own with [`Broker::start`]. [`DurableBroker`]: one that keeps its records and
+//!   consumer groups on disk (nisshi on SQLite), to `kill -9` and restart.
 //! - [`StageProcess`]: a stage binary of this workspace as a child process, with its log in a file,
 //!   `kill -9`, SIGTERM and readiness polling; [`IngestUnderTest`] is one for ingest.
 //! - [`wait_until`]: every wait is on a condition, with a deadline that says what it saw last.
@@ -29,6 +30,7 @@ mod harness;
 pub mod oracles;
 
 pub use harness::broker::{Broker, shared_broker, tansu_binary};
+pub use harness::durable_broker::{DurableBroker, nisshi_binary};
 pub use harness::fixture::{Moments, test_dir, unique, workspace_root};
 pub use harness::http::{answers_200, http_get, http_post};
 pub use harness::ingest::{IngestOptions, IngestUnderTest, event_ids, spawn_ingest, start_ingest};

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 
 use super::{
-    Managed, Ports, Replica, Scale, cosmos_config, send_signal, sibling_binary, stage_env, tansu_binary,
-    wait_for_port,
+    Managed, Ports, Replica, Scale, cosmos_config, nisshi_binary, send_signal, sibling_binary, stage_env,
+    tansu_binary, wait_for_port,
 };
 
 /// How a local platform runs.
@@ -110,15 +110,16 @@ const STAGES_LIVE_TIMEOUT: Duration = Duration::from_secs(180);
 pub async fn start_broker(options: &PlatformOptions, ports: Ports, workdir: &Path) -> Result<Managed> {
     let logs = workdir.join("logs");
     let broker_url = format!("tcp://127.0.0.1:{}", ports.broker());
-    // Durable: sqlite in WORKDIR/broker (tansu takes the path relative to its working directory).
+    // Durable: nisshi on SQLite in WORKDIR/broker (it reads the path relative to its working
+    // directory); else tansu in memory.
     let broker_dir = workdir.join("broker");
-    let storage = if options.durable_broker {
+    let (binary, storage) = if options.durable_broker {
         std::fs::create_dir_all(&broker_dir).with_context(|| format!("creating {}", broker_dir.display()))?;
-        "sqlite://broker.db"
+        (nisshi_binary()?, "sqlite://broker.db")
     } else {
-        "memory://tansu/"
+        (tansu_binary()?, "memory://tansu/")
     };
-    let broker_args: Vec<String> = [
+    let mut broker_args: Vec<String> = [
         "broker",
         "--storage-engine",
         storage,
@@ -131,9 +132,14 @@ pub async fn start_broker(options: &PlatformOptions, ports: Ports, workdir: &Pat
     .iter()
     .map(|arg| (*arg).to_owned())
     .collect();
+    if options.durable_broker {
+        // A restarted stage is its group's only member: Kafka's 3 s wait for more members would
+        // only delay it.
+        broker_args.extend(["--group-initial-rebalance-delay".to_owned(), "0s".to_owned()]);
+    }
     let mut broker = Managed::spawn_in(
         "broker",
-        &tansu_binary()?,
+        &binary,
         &broker_args,
         &[],
         &logs.join("broker.log"),

@@ -34,6 +34,31 @@ pub fn tansu_binary() -> Result<PathBuf> {
     )
 }
 
+/// Where `scripts/setup.sh` builds the durable broker when `CONTRAIL_TOOLS_DIR` is not set.
+const DEFAULT_NISSHI: &str = "/var/tmp/contrail-tools/nisshi-0.8.1/bin/nisshi";
+
+/// The durable local broker (nisshi with SQLite): `$CONTRAIL_NISSHI_BIN`, `nisshi` on `PATH`, or
+/// where `scripts/setup.sh` builds it.
+pub fn nisshi_binary() -> Result<PathBuf> {
+    if let Some(path) = std::env::var_os("CONTRAIL_NISSHI_BIN") {
+        return Ok(PathBuf::from(path));
+    }
+    if let Some(paths) = std::env::var_os("PATH")
+        && let Some(found) = std::env::split_paths(&paths)
+            .map(|dir| dir.join("nisshi"))
+            .find(|candidate| candidate.is_file())
+    {
+        return Ok(found);
+    }
+    let built = PathBuf::from(DEFAULT_NISSHI);
+    if built.is_file() {
+        return Ok(built);
+    }
+    bail!(
+        "the durable local broker (nisshi) was not found: run scripts/setup.sh (it builds nisshi once per machine), or set CONTRAIL_NISSHI_BIN"
+    )
+}
+
 /// A binary of this workspace, next to the running `contrail` binary.
 pub fn sibling_binary(name: &str) -> Result<PathBuf> {
     let exe = std::env::current_exe().context("locating the contrail binary")?;
@@ -133,12 +158,6 @@ impl Managed {
         let _ = self.child.wait();
         self.kills += 1;
         meanwhile()?;
-        self.restart()
-    }
-
-    /// SIGTERM (SIGKILL after `grace`), then start it again: a restart, as of a broker.
-    pub fn stop_and_restart(&mut self, grace: Duration) -> Result<()> {
-        self.stop(grace);
         self.restart()
     }
 

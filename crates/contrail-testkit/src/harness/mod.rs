@@ -7,6 +7,7 @@ pub mod browser;
 pub mod cosmos;
 pub mod dedup;
 pub mod delta;
+pub(crate) mod durable_broker;
 pub(crate) mod fixture;
 pub(crate) mod http;
 pub(crate) mod ingest;

