@@ -282,6 +282,14 @@ impl Stores {
         Ok(observed)
     }
 
+    /// When the newest file of `table` was committed (ms since the epoch; `None` while the table
+    /// is empty): read from the Delta log, so it says when the rows became readable, not when
+    /// someone looked.
+    pub async fn last_commit_ms(&self, table: Table, column: &str) -> Result<Option<i64>> {
+        let scan = scan(&self.delta_root, &HashMap::new(), table, None, &[column]).await?;
+        Ok(scan.files.iter().map(|file| file.added_at_ms).max())
+    }
+
     /// The `events` table's scan with ingestion times (for the pipeline benchmark).
     pub async fn scan_events(&self, columns: &[&str]) -> Result<Scan> {
         Ok(scan(&self.delta_root, &HashMap::new(), Table::Events, None, columns).await?)

@@ -125,6 +125,23 @@ pub(super) async fn delta_latencies(stores: &Stores) -> Result<Vec<f64>> {
     Ok(values)
 }
 
+/// When the stores held everything, from their own commit times: the newest commit of `events`,
+/// `flight_states` and `serving_changes` (the last follows every Cosmos write, through
+/// changefeed-sync), ms since the epoch. The settle loop's "settled" comes later: it confirms
+/// by reading every store, every 3 s, and the topics' ends past a quiet period.
+pub(super) async fn stores_complete_ms(stores: &Stores) -> Result<Option<i64>> {
+    use contrail_history::Table;
+    let mut newest = None;
+    for (table, column) in [
+        (Table::Events, "flight_key"),
+        (Table::FlightStates, "flight_key"),
+        (Table::ServingChanges, "id"),
+    ] {
+        newest = newest.max(stores.last_commit_ms(table, column).await?);
+    }
+    Ok(newest)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

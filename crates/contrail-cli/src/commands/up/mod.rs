@@ -418,6 +418,7 @@ impl Run<'_> {
         up.milestones.replay_running.notify_one();
         up.set_phase("replaying").await;
         let replay_started = Instant::now();
+        let replay_started_ms = chrono::Utc::now().timestamp_millis();
         let totals = crate::commands::replay::post(stream, &args.feed, &target, &bar, &on_ack).await;
         Milestones::set(&up.milestones.replay_done);
         // Closes the sample channel: the sampler ends once its pending flights showed up.
@@ -493,6 +494,16 @@ impl Run<'_> {
         });
         summary["latency_ms"] =
             json!({ "ingest_to_cosmos": cosmos_latency, "ingest_to_delta": delta_latency });
+        match latency::stores_complete_ms(&stores).await {
+            Ok(Some(complete_ms)) => {
+                let seconds = (complete_ms - replay_started_ms) as f64 / 1000.0;
+                summary["stores_complete_seconds"] = json!(seconds);
+                summary["events_per_second_to_complete_stores"] =
+                    json!(totals.events.len() as f64 / seconds.max(0.001));
+            }
+            Ok(None) => {}
+            Err(error) => summary["stores_complete_seconds"] = json!({ "error": format!("{error:#}") }),
+        }
         summary::print_summary(&summary, &report);
         let passed = report.passed();
         up.set_phase(if passed {

@@ -131,6 +131,22 @@ pub(super) fn print_summary(summary: &Value, report: &Report) {
     for (name, value) in rows {
         println!("  {name:<22} {value}");
     }
+    let (broker, volumes, freezes) = (n("broker_restarts"), n("volume_losses"), n("cosmos_freezes"));
+    if broker + volumes + freezes > 0 {
+        println!(
+            "  {:<22} broker kill -9 and restarted {broker}, dedup-state volume lost {volumes}, Cosmos endpoint frozen {freezes}",
+            "chaos, besides"
+        );
+    }
+    if let Some(seconds) = summary["stores_complete_seconds"].as_f64() {
+        println!(
+            "  {:<22} {:.0} events/s ({seconds:.1} s from the first event to the stores' last commit)",
+            "stores complete",
+            summary["events_per_second_to_complete_stores"]
+                .as_f64()
+                .unwrap_or_default(),
+        );
+    }
     for (name, key) in [
         ("latency → Cosmos", "ingest_to_cosmos"),
         ("latency → Delta", "ingest_to_delta"),
