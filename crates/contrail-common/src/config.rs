@@ -19,16 +19,17 @@ use crate::CommonError;
 pub const ENV_PREFIX: &str = "CONTRAIL_";
 
 /// `CONTRAIL_*` variables that are read by tools, not stage config keys: the config file's name,
-/// `contrail replay`'s target and token, the flight data folder, the test broker binary, the
+/// `contrail replay`'s target and token, the flight data folder, the local brokers' binaries, the
 /// commit a build records for `--version` (`scripts/setup.sh` exports it), the board's token and
 /// the local Cosmos endpoint's key and address. Every other `CONTRAIL_*` variable must be a key
 /// of the stage's config.
-pub const TOOL_VARIABLES: [&str; 15] = [
+pub const TOOL_VARIABLES: [&str; 16] = [
     "config_file",
     "ingest_url",
     "ingest_token",
     "flight_data",
     "tansu_bin",
+    "nisshi_bin",
     "tools_dir",
     "azurite_blob",
     "port_offset",
@@ -292,6 +293,7 @@ mod tests {
         figment::Jail::expect_with(|jail| {
             jail.set_env("CONTRAIL_INGEST_TOKEN", "t");
             jail.set_env("CONTRAIL_TANSU_BIN", "/bin/true");
+            jail.set_env("CONTRAIL_NISSHI_BIN", "/bin/true");
             // scripts/setup.sh exports these for the tests' tools.
             jail.set_env("CONTRAIL_TOOLS_DIR", "/var/tmp/contrail-tools");
             jail.set_env("CONTRAIL_AZURITE_BLOB", "/bin/true");
