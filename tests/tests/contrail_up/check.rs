@@ -126,6 +126,15 @@ pub(super) fn replay_with_chaos_and_check(run: ChaosRun<'_>) -> serde_json::Valu
         assert!(froze < thawed, "frozen, then thawed");
     }
 
+    // Latency from real samples, to both stores (every 20th flight to Cosmos by default).
+    for store in ["ingest_to_cosmos", "ingest_to_delta"] {
+        let latency = &summary["latency_ms"][store];
+        assert!(
+            latency["samples"].as_u64().unwrap_or(0) > 0 && latency["p99"].as_f64().is_some(),
+            "{store}: {latency}"
+        );
+    }
+
     // The test's own expectation, from the events on the raw topic (the input as ingest wrote it).
     let brokers = up.brokers();
     let ends = quiescent_ends(&brokers, "ops.events.raw", Duration::from_secs(3)).expect("raw ends");

@@ -135,10 +135,10 @@ pub struct UpArgs {
     #[arg(long)]
     acknowledged_out: Option<PathBuf>,
     /// Latency sampling: for every N-th flight, the time from ingest's acknowledgement of its
-    /// first events to its document appearing in Cosmos DB (polled every 50 ms, 16 flights at a
-    /// time — a load of its own on the local Cosmos endpoint, so off by default: 0). The latency
-    /// to Delta is always measured, for every event (its file's commit time − ingest time).
-    #[arg(long, default_value_t = 0)]
+    /// first events to its document appearing in Cosmos DB (point reads every 50 ms, 16 flights
+    /// at a time; 0: no sampling). The latency to Delta is always measured, for every event (its
+    /// file's commit time − ingest time).
+    #[arg(long, default_value_t = 20)]
     latency_sample_every: u64,
     /// Export every stage's spans over OTLP/gRPC to this endpoint (an OpenTelemetry collector,
     /// Jaeger, …: `http://127.0.0.1:4317`). A record's trace crosses every topic in its
