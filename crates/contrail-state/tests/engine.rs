@@ -5,67 +5,11 @@ use std::path::Path;
 
 use contrail_state::checkpoints::CheckpointStore;
 use contrail_state::protocol::{self, LocalShard, Manifest, RestorePlan};
-use contrail_state::{
-    EngineConfig, InputRecord, KeyContext, Shard, StateError, StatefulProcessor, TimeDomain, Timer,
-};
+use contrail_state::{InputRecord, Shard, StatefulProcessor};
 use proptest::prelude::*;
 
-/// Per-key running sum, as a protobuf message.
-#[derive(Clone, PartialEq, prost::Message)]
-struct Sum {
-    #[prost(int64, tag = "1")]
-    total: i64,
-    #[prost(uint64, tag = "2")]
-    count: u64,
-}
-
-const MINUTE: i64 = 60_000_000;
-const CONFIG: EngineConfig = EngineConfig {
-    allowed_lateness_us: 10 * MINUTE,
-};
-
-/// Input payload: `"{event_minute},{value}"`. Keeps a sum per key (TTL 60 min after the event),
-/// dedups by payload, registers an event-time timer 5 minutes after each event, and emits the sum
-/// on every record and a `fired` record for each timer.
-struct Summer;
-
-fn parse(payload: &[u8]) -> (i64, i64) {
-    let text = std::str::from_utf8(payload).expect("utf8");
-    let (minute, value) = text.split_once(',').expect("comma");
-    (
-        minute.parse::<i64>().expect("minute") * MINUTE,
-        value.parse().expect("value"),
-    )
-}
-
-impl StatefulProcessor for Summer {
-    fn handle_record(
-        &mut self,
-        context: &mut KeyContext<'_>,
-        record: &InputRecord<'_>,
-    ) -> Result<(), StateError> {
-        let (event_time, value) = parse(record.payload);
-        context.observe_event_time(event_time);
-        if context.dedup_contains(record.payload)? {
-            return Ok(());
-        }
-        context.dedup_insert(record.payload, event_time + 30 * MINUTE);
-        let mut sum: Sum = context.get("sum")?.unwrap_or_default();
-        sum.total += value;
-        sum.count += 1;
-        context.set("sum", &sum, Some(event_time + 60 * MINUTE));
-        context.register_timer("five-after", TimeDomain::EventTime, event_time + 5 * MINUTE);
-        let key = context.key().to_vec();
-        context.emit("sums", &key, format!("{}:{}", sum.count, sum.total).into_bytes());
-        Ok(())
-    }
-
-    fn handle_timer(&mut self, context: &mut KeyContext<'_>, timer: &Timer) -> Result<(), StateError> {
-        let key = context.key().to_vec();
-        context.emit("fired", &key, timer.fire_at_us.to_string().into_bytes());
-        Ok(())
-    }
-}
+mod support;
+use support::{CONFIG, Collector, MINUTE, Sum, Summer, batch};
 
 fn records(inputs: &[(&str, String)]) -> Vec<(Vec<u8>, Vec<u8>)> {
     inputs
@@ -81,18 +25,9 @@ fn run_with<P: StatefulProcessor>(
     first_offset: i64,
     processor: &mut P,
 ) -> contrail_state::BatchResult {
-    let batch: Vec<InputRecord<'_>> = inputs
-        .iter()
-        .enumerate()
-        .map(|(n, (key, payload))| InputRecord {
-            key,
-            payload,
-            offset: first_offset + n as i64,
-            trace: None,
-            timestamp_us: None,
-        })
-        .collect();
-    shard.process_batch(&batch, processor, &CONFIG, 0).expect("batch")
+    shard
+        .process_batch(&batch(inputs, first_offset), processor, &CONFIG, 0)
+        .expect("batch")
 }
 
 fn run(shard: &mut Shard, inputs: &[(Vec<u8>, Vec<u8>)], first_offset: i64) -> Vec<(String, String, String)> {
@@ -440,33 +375,6 @@ async fn a_checkpoint_restores_a_lost_shard_with_its_offset() {
     store.delete_epoch(1).await.expect("delete");
     assert!(store.epochs().await.expect("epochs").is_empty());
     assert!(store.manifests().await.expect("manifests").is_empty());
-}
-
-/// List and map state with per-entry TTLs: a processor that appends each value to a list (TTL 20
-/// min) and keeps the latest value per parity in a map (TTL 40 min).
-struct Collector;
-
-impl StatefulProcessor for Collector {
-    fn handle_record(
-        &mut self,
-        context: &mut KeyContext<'_>,
-        record: &InputRecord<'_>,
-    ) -> Result<(), StateError> {
-        let (event_time, value) = parse(record.payload);
-        context.observe_event_time(event_time);
-        let item = Sum {
-            total: value,
-            count: 1,
-        };
-        context.list_append("values", &item, Some(event_time + 20 * MINUTE))?;
-        let parity: &[u8] = if value % 2 == 0 { b"even" } else { b"odd" };
-        context.map_put("latest", parity, &item, Some(event_time + 40 * MINUTE));
-        Ok(())
-    }
-
-    fn handle_timer(&mut self, _: &mut KeyContext<'_>, _: &Timer) -> Result<(), StateError> {
-        Ok(())
-    }
 }
 
 fn collect(shard: &mut Shard, inputs: &[(&str, String)], first_offset: i64) {

@@ -3,6 +3,8 @@
 //! list and map state with a per-variable TTL, dedup entries, event-time and processing-time timers,
 //! and outputs. [`Shard::process_batch`] runs a micro-batch and commits everything — state, timers,
 //! outputs (into the outbox) and the next input offset — in one RocksDB write batch.
+//! [`Shard::process_held`] runs one without writing: its changes stay in memory until a commit
+//! point ([`Shard::persist`]), and its outputs are not kept (see `shard::held`).
 //!
 //! Determinism: given the same committed state and the same input records in the same order, a
 //! batch makes the same state changes and the same outputs, because event-time timers fire on the
@@ -114,7 +116,9 @@ impl Pending {
 
 impl Shard {
     /// Runs `records` through `processor`, firing event-time timers as the watermark passes them and
-    /// processing-time timers due at `now_us`, and commits everything in one write batch.
+    /// processing-time timers due at `now_us`, and commits everything in one write batch — the
+    /// batch's outputs into the outbox, and whatever earlier batches held ([`Shard::process_held`]),
+    /// whose outputs must have been acknowledged.
     pub fn process_batch<P: StatefulProcessor>(
         &mut self,
         records: &[InputRecord<'_>],
@@ -122,6 +126,39 @@ impl Shard {
         config: &EngineConfig,
         now_us: i64,
     ) -> Result<BatchResult, StateError> {
+        let result = self.process_in_memory(records, processor, config, Some(now_us))?;
+        let outbox: Vec<(u64, &OutboxRecord)> = result
+            .outputs
+            .iter()
+            .map(|(sequence, record)| (*sequence, record))
+            .collect();
+        self.persist_with(&outbox)?;
+        Ok(result)
+    }
+
+    /// Runs `records` through `processor` like [`Shard::process_batch`], but holds the batch's
+    /// changes in memory until the next commit point ([`Shard::persist`]) and writes no outbox:
+    /// after a crash the shard reopens at the previous commit point and regenerates these outputs,
+    /// byte for byte. Processing-time timers do not fire here (their outputs depend on the clock,
+    /// so they are not regenerated): they fire in the next [`Shard::process_batch`].
+    pub fn process_held<P: StatefulProcessor>(
+        &mut self,
+        records: &[InputRecord<'_>],
+        processor: &mut P,
+        config: &EngineConfig,
+    ) -> Result<BatchResult, StateError> {
+        self.process_in_memory(records, processor, config, None)
+    }
+
+    /// Processes a batch and holds its changes; outputs get their outbox sequence numbers.
+    fn process_in_memory<P: StatefulProcessor>(
+        &mut self,
+        records: &[InputRecord<'_>],
+        processor: &mut P,
+        config: &EngineConfig,
+        now_us: Option<i64>,
+    ) -> Result<BatchResult, StateError> {
+        self.refuse_if_failed()?;
         let mut pending = Pending::new(self.progress(), config.allowed_lateness_us);
         let mut result = BatchResult {
             outputs: Vec::new(),
@@ -155,13 +192,15 @@ impl Shard {
                 &mut result,
             )?;
         }
-        self.fire_due(
-            &mut pending,
-            processor,
-            TimeDomain::ProcessingTime,
-            now_us,
-            &mut result,
-        )?;
+        if let Some(now_us) = now_us {
+            self.fire_due(
+                &mut pending,
+                processor,
+                TimeDomain::ProcessingTime,
+                now_us,
+                &mut result,
+            )?;
+        }
         let Pending {
             overlay,
             timers_added,
@@ -170,8 +209,15 @@ impl Shard {
             progress,
             ..
         } = pending;
-        let sequences = self.commit(overlay, timers_added, timers_removed, &outbox, progress)?;
-        result.outputs = sequences.into_iter().zip(outbox).collect();
+        let sequences = self.hold(
+            overlay,
+            timers_added,
+            timers_removed,
+            result.records,
+            outbox.len(),
+            progress,
+        )?;
+        result.outputs = sequences.zip(outbox).collect();
         Ok(result)
     }
 

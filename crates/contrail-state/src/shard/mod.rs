@@ -1,5 +1,6 @@
 //! One shard: a RocksDB instance holding a partition's per-key state, timers, dedup entries, input
-//! offset and outbox. All changes of a micro-batch are committed in one `WriteBatch`.
+//! offset and outbox. All changes of a micro-batch are committed in one `WriteBatch` — or held in
+//! memory with those of the batches after it and committed together at a commit point (`held`).
 //!
 //! Reads during a batch see the batch's own writes (an overlay in front of RocksDB). Timers are also
 //! mirrored in memory (`TimerIndex`) — a `BTreeSet` ordered by time, domain, key, name to find due
@@ -10,22 +11,25 @@
 //! for all the shards of a process together ([`StorageMemory`]).
 
 mod checkpoint;
+mod held;
 mod outbox;
 mod storage;
 mod timers;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use rocksdb::{ColumnFamilyDescriptor, DB, Direction, IteratorMode, WriteBatch};
+use rocksdb::{ColumnFamilyDescriptor, DB, Direction, IteratorMode};
 
 use crate::error::StateError;
 use crate::keys::{self, cf};
 
 pub use checkpoint::Checkpointer;
+use held::Held;
+pub use held::HeldSummary;
 pub use outbox::OutboxRecord;
-use outbox::{decode_sequence, encode_outbox_record};
+use outbox::decode_sequence;
 pub use storage::StorageMemory;
 use storage::options;
 use timers::decode_by_time;
@@ -59,7 +63,14 @@ pub struct Shard {
     partition: i32,
     /// The committed timers.
     timers: TimerIndex,
+    /// Progress of the batches applied, held ones included.
     progress: ShardProgress,
+    /// Progress as of the last commit point.
+    persisted: ShardProgress,
+    /// Changes applied since the last commit point, not yet written.
+    held: Held,
+    /// Why a write failed, once one did: the shard then refuses work until reopened.
+    failed: Option<String>,
     next_outbox_sequence: u64,
     /// Whether the dedup family may hold entries: it had one on open, or a batch wrote one since.
     dedup_entries: bool,
@@ -116,11 +127,18 @@ impl Shard {
                 next_offset: None,
                 max_event_time_us: i64::MIN,
             },
+            persisted: ShardProgress {
+                next_offset: None,
+                max_event_time_us: i64::MIN,
+            },
+            held: Held::default(),
+            failed: None,
             next_outbox_sequence: 0,
             dedup_entries: false,
         };
         shard.progress.next_offset = shard.read_meta(META_NEXT_OFFSET)?;
         shard.progress.max_event_time_us = shard.read_meta(META_MAX_EVENT_TIME)?.unwrap_or(i64::MIN);
+        shard.persisted = shard.progress;
         // Sized once from RocksDB's estimate (a flight has one or two timers): growing the index
         // by key re-hashes every key in it, a cache miss each.
         let timers = shard
@@ -177,7 +195,7 @@ impl Shard {
         &self.path
     }
 
-    /// Progress as of the last commit.
+    /// Progress of the batches applied (held ones included; see [`Shard::persisted_progress`]).
     pub fn progress(&self) -> ShardProgress {
         self.progress
     }
@@ -204,14 +222,17 @@ impl Shard {
         Ok(bytes.as_deref().and_then(keys::decode_time))
     }
 
-    /// Reads one entry of a family as committed (no overlay).
+    /// Reads one entry of a family as applied: held changes, else RocksDB (no batch's overlay).
     pub(crate) fn get(&self, family: &'static str, key: &[u8]) -> Result<Option<Vec<u8>>, StateError> {
+        if let Some(value) = self.held.overlay.get(family).and_then(|entries| entries.get(key)) {
+            return Ok(value.clone());
+        }
         self.db
             .get_cf(self.handle(family)?, key)
             .map_err(|error| self.storage_error(error))
     }
 
-    /// Committed entries of a family whose keys start with `prefix`.
+    /// Entries of a family whose keys start with `prefix`, as applied (held changes included).
     pub(crate) fn scan_prefix(&self, family: &'static str, prefix: &[u8]) -> Result<Entries, StateError> {
         let mut entries = Vec::new();
         let iterator = self.db.iterator_cf(
@@ -225,7 +246,17 @@ impl Shard {
             }
             entries.push((key.to_vec(), value.to_vec()));
         }
-        Ok(entries)
+        let Some(held) = self.held.overlay.get(family) else {
+            return Ok(entries);
+        };
+        let mut merged: BTreeMap<Vec<u8>, Vec<u8>> = entries.into_iter().collect();
+        for (key, value) in held.range(prefix.to_vec()..keys::prefix_end(prefix)) {
+            match value {
+                Some(value) => merged.insert(key.clone(), value.clone()),
+                None => merged.remove(key),
+            };
+        }
+        Ok(merged.into_iter().collect())
     }
 
     /// The in-memory timer index (committed timers).
@@ -258,69 +289,6 @@ impl Shard {
                 .map_err(|error| self.storage_error(error))?;
         }
         Ok(())
-    }
-
-    /// Commits a batch atomically: overlay writes, timer changes, the outbox records, the next input
-    /// offset and the max event time. Returns the outbox sequence numbers assigned, in order.
-    pub(crate) fn commit(
-        &mut self,
-        overlay: Overlay,
-        timers_added: BTreeSet<TimerEntry>,
-        timers_removed: BTreeSet<TimerEntry>,
-        outbox: &[OutboxRecord],
-        progress: ShardProgress,
-    ) -> Result<Vec<u64>, StateError> {
-        let mut batch = WriteBatch::default();
-        for (family, entries) in &overlay {
-            let handle = self.handle(family)?;
-            for (key, value) in entries {
-                match value {
-                    Some(value) => batch.put_cf(handle, key, value),
-                    None => batch.delete_cf(handle, key),
-                }
-            }
-        }
-        let by_time = self.handle(cf::TIMERS_BY_TIME)?;
-        for timer in &timers_removed {
-            batch.delete_cf(by_time, timer.by_time_key());
-        }
-        for timer in &timers_added {
-            batch.put_cf(by_time, timer.by_time_key(), []);
-        }
-        let outbox_family = self.handle(cf::OUTBOX)?;
-        let mut sequences = Vec::with_capacity(outbox.len());
-        let mut bytes = Vec::new();
-        for record in outbox {
-            let sequence = self.next_outbox_sequence + sequences.len() as u64;
-            encode_outbox_record(record, &mut bytes);
-            batch.put_cf(outbox_family, sequence.to_be_bytes(), &bytes);
-            sequences.push(sequence);
-        }
-        let meta = self.handle(cf::META)?;
-        if let Some(next_offset) = progress.next_offset {
-            batch.put_cf(meta, META_NEXT_OFFSET, keys::encode_time(next_offset));
-        }
-        batch.put_cf(
-            meta,
-            META_MAX_EVENT_TIME,
-            keys::encode_time(progress.max_event_time_us),
-        );
-        let next_sequence = self.next_outbox_sequence + sequences.len() as u64;
-        batch.put_cf(meta, META_NEXT_SEQUENCE, keys::encode_time(next_sequence as i64));
-        self.db.write(batch).map_err(|error| self.storage_error(error))?;
-        // Only after the write succeeded: update the in-memory mirrors.
-        self.next_outbox_sequence += sequences.len() as u64;
-        self.dedup_entries |= overlay.contains_key(cf::DEDUP);
-        for timer in &timers_removed {
-            self.timers
-                .remove(timer.fire_at_us, timer.domain, &timer.key, &timer.name);
-        }
-        for timer in &timers_added {
-            self.timers
-                .insert(timer.fire_at_us, timer.domain, &timer.key, &timer.name);
-        }
-        self.progress = progress;
-        Ok(sequences)
     }
 
     /// Approximate bytes on disk (SST files and memtables) across families.

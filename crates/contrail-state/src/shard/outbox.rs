@@ -159,7 +159,6 @@ pub(super) fn decode_sequence(bytes: &[u8]) -> Result<u64, StateError> {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeSet;
 
     use super::*;
     use crate::shard::Overlay;
@@ -231,15 +230,12 @@ mod tests {
             })
             .collect();
         let progress = shard.progress();
-        let sequences = shard
-            .commit(
-                Overlay::new(),
-                BTreeSet::new(),
-                BTreeSet::new(),
-                &outbox,
-                progress,
-            )
-            .expect("commit");
+        let sequences: Vec<u64> = shard
+            .hold(Overlay::new(), [], [], 0, outbox.len(), progress)
+            .expect("hold")
+            .collect();
+        let with_sequences: Vec<(u64, &OutboxRecord)> = sequences.iter().copied().zip(&outbox).collect();
+        shard.persist_with(&with_sequences).expect("persist");
         shard
             .acknowledge(&[
                 sequences[0],
