@@ -152,9 +152,8 @@ fn main() {
                 *by_topic.entry(output.topic.clone()).or_default() += 1;
                 sequences.push(*sequence);
             }
-            if args.persist_every == 1 {
-                shards[*shard].acknowledge(&sequences).expect("acknowledge");
-            } else if shards[*shard].held().batches as u64 >= args.persist_every {
+            shards[*shard].acknowledge(&sequences).expect("acknowledge");
+            if shards[*shard].held().batches as u64 >= args.persist_every {
                 shards[*shard].persist().expect("persist");
             }
         }

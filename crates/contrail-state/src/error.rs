@@ -25,6 +25,10 @@ pub enum StateError {
     /// The processor rejected a record. The record goes to the dead-letter path.
     #[error("processor: {0}")]
     Processor(String),
+    /// A commit point was asked for while outputs of the held batches are not acknowledged by
+    /// the broker: nothing was written. Ask again once they are.
+    #[error("commit point refused: {0} held outputs are not acknowledged by the broker yet")]
+    NotAcknowledged(u64),
     /// The checkpoint store failed. Retry with backoff (the next epoch tries again).
     #[error("checkpoint store: {0}")]
     CheckpointStore(String),
@@ -33,6 +37,9 @@ pub enum StateError {
 impl StateError {
     /// Whether retrying the same operation later can succeed.
     pub fn is_retryable(&self) -> bool {
-        matches!(self, StateError::CheckpointStore(_))
+        matches!(
+            self,
+            StateError::CheckpointStore(_) | StateError::NotAcknowledged(_)
+        )
     }
 }

@@ -66,7 +66,7 @@ fn a_batch_commits_state_outbox_and_offset_together_and_survives_reopen() {
         assert_eq!(outputs.len(), 3);
         assert_eq!(outputs[2], ("sums".into(), "a".into(), "2:6".into()));
     }
-    let shard = Shard::open(&path, 0).expect("reopen");
+    let mut shard = Shard::open(&path, 0).expect("reopen");
     assert_eq!(
         shard.progress().next_offset,
         Some(43),

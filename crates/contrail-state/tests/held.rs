@@ -115,6 +115,7 @@ proptest! {
                 .process_held(&batch(&all[start..end], start as i64), &mut Mixed, &CONFIG)
                 .expect("held batch");
             prop_assert!(held.outbox().expect("outbox").is_empty(), "a held batch writes no outbox");
+            let sequences: Vec<u64> = result.outputs.iter().map(|(sequence, _)| *sequence).collect();
             let produced = outputs(result);
             if end > processed_until {
                 // Outputs of a batch belong to its last record for this comparison.
@@ -126,9 +127,21 @@ proptest! {
                 prop_assert_eq!(&produced, &first, "batch {}..{} regenerated", start, end);
             }
             if persist_after[index % persist_after.len()] {
+                if let Some((last, rest)) = sequences.split_last() {
+                    held.acknowledge(rest).expect("acknowledge");
+                    let refused = held.persist();
+                    prop_assert!(
+                        matches!(refused, Err(StateError::NotAcknowledged(1))),
+                        "a commit point waits for every held output: {:?}", refused
+                    );
+                    held.acknowledge(&[*last]).expect("acknowledge");
+                }
                 held.persist().expect("persist");
                 prop_assert_eq!(held.held().batches, 0);
                 prop_assert_eq!(held.persisted_progress(), held.progress());
+            }
+            else {
+                held.acknowledge(&sequences).expect("acknowledge");
             }
             if !crashed && crash_after == Some(index) {
                 crashed = true;

@@ -147,7 +147,7 @@ impl ShardSet {
     /// acknowledgements, and closes the shards.
     pub(crate) fn close(&self, partitions: &[i32]) {
         // Emptying a slot waits for its batch (commit and sends) and keeps any later one out.
-        let closing: Vec<(i32, u64, Shard)> = self
+        let mut closing: Vec<(i32, u64, Shard)> = self
             .slots(Some(partitions))
             .into_iter()
             .filter_map(|(partition, generation, slot)| {
@@ -163,7 +163,7 @@ impl ShardSet {
             tracing::warn!(%error, "flush before closing shards; unacknowledged outputs stay in the outbox");
         }
         self.apply_deliveries();
-        for (partition, generation, shard) in &closing {
+        for (partition, generation, shard) in &mut closing {
             self.acknowledge_queued(*partition, *generation, shard);
         }
         let mut inner = self.lock();

@@ -58,7 +58,7 @@ impl ProducerContext for OutputContext {
 impl ShardSet {
     /// Deletes the acknowledged outputs queued for `partition` from `shard` (of `generation`),
     /// whose slot the caller holds.
-    pub(super) fn acknowledge_queued(&self, partition: i32, generation: u64, shard: &Shard) {
+    pub(super) fn acknowledge_queued(&self, partition: i32, generation: u64, shard: &mut Shard) {
         let queued = self.lock().acknowledged.remove(&partition);
         match queued {
             Some((of, sequences)) if of == generation => {
@@ -126,8 +126,8 @@ impl ShardSet {
         };
         for (partition, generation, slot) in queued {
             // A shard in a batch takes its acknowledgements before its next batch.
-            if let Ok(guard) = slot.try_lock()
-                && let Some(shard) = guard.as_ref()
+            if let Ok(mut guard) = slot.try_lock()
+                && let Some(shard) = guard.as_mut()
             {
                 self.acknowledge_queued(partition, generation, shard);
             }

@@ -117,8 +117,9 @@ impl Pending {
 impl Shard {
     /// Runs `records` through `processor`, firing event-time timers as the watermark passes them and
     /// processing-time timers due at `now_us`, and commits everything in one write batch — the
-    /// batch's outputs into the outbox, and whatever earlier batches held ([`Shard::process_held`]),
-    /// whose outputs must have been acknowledged.
+    /// batch's outputs into the outbox, and whatever earlier batches held ([`Shard::process_held`]).
+    /// Refused ([`StateError::NotAcknowledged`], nothing processed) while an output of a held batch
+    /// is not acknowledged.
     pub fn process_batch<P: StatefulProcessor>(
         &mut self,
         records: &[InputRecord<'_>],
@@ -126,6 +127,10 @@ impl Shard {
         config: &EngineConfig,
         now_us: i64,
     ) -> Result<BatchResult, StateError> {
+        let unacknowledged = self.held().unacknowledged;
+        if unacknowledged > 0 {
+            return Err(StateError::NotAcknowledged(unacknowledged));
+        }
         let result = self.process_in_memory(records, processor, config, Some(now_us))?;
         let outbox: Vec<(u64, &OutboxRecord)> = result
             .outputs

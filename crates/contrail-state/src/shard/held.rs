@@ -21,6 +21,7 @@
 //! commit point.
 
 use std::collections::BTreeMap;
+use std::time::Instant;
 
 use rocksdb::WriteBatch;
 
@@ -45,6 +46,13 @@ pub(crate) struct Held {
     pub(super) records: usize,
     /// Bytes of the overlay's keys and values (an estimate of the memory the held state takes).
     pub(super) bytes: usize,
+    /// When the oldest held batch was applied.
+    pub(super) since: Option<Instant>,
+    /// The first outbox sequence number given to a held batch's output: outputs from here on
+    /// are held, not in the outbox.
+    pub(super) first_sequence: u64,
+    /// Held outputs the broker acknowledged.
+    pub(super) acknowledged: u64,
 }
 
 /// What a shard holds in memory, not yet written ([`Shard::held`]).
@@ -60,6 +68,13 @@ pub struct HeldSummary {
     pub bytes: usize,
     /// Net timer changes.
     pub timer_changes: usize,
+    /// Outputs of the held batches.
+    pub outputs: u64,
+    /// Of those, the ones the broker has not acknowledged ([`Shard::acknowledge`]) yet: a commit
+    /// point waits for 0.
+    pub unacknowledged: u64,
+    /// When the oldest held batch was applied.
+    pub since: Option<Instant>,
 }
 
 impl Held {
@@ -101,7 +116,11 @@ fn overlay_bytes(overlay: &Overlay) -> usize {
 impl Shard {
     /// What is held in memory since the last commit point.
     pub fn held(&self) -> HeldSummary {
+        let outputs = self.next_outbox_sequence - self.held.first_sequence;
         HeldSummary {
+            outputs,
+            unacknowledged: outputs - self.held.acknowledged,
+            since: self.held.since,
             batches: self.held.batches,
             records: self.held.records,
             entries: self.held.overlay.values().map(BTreeMap::len).sum(),
@@ -151,6 +170,7 @@ impl Shard {
             self.held.timers.insert(timer, true);
         }
         self.held.merge(overlay);
+        self.held.since.get_or_insert_with(Instant::now);
         self.held.batches += 1;
         self.held.records += records;
         self.progress = progress;
@@ -161,8 +181,9 @@ impl Shard {
 
     /// A commit point: writes everything held since the last one in one `WriteBatch`.
     ///
-    /// Every output of the held batches must have been acknowledged by the broker (see the module
-    /// documentation): after this, a reopen resumes after their input.
+    /// Refused ([`StateError::NotAcknowledged`], nothing written) while an output of the held
+    /// batches is not acknowledged ([`Shard::acknowledge`]): after the commit point a reopen
+    /// resumes after their input, so they could not be regenerated.
     pub fn persist(&mut self) -> Result<(), StateError> {
         self.persist_with(&[])
     }
@@ -174,7 +195,17 @@ impl Shard {
         if self.held.is_empty() && outbox.is_empty() {
             return Ok(());
         }
-        let held = std::mem::take(&mut self.held);
+        let unacknowledged = self.held().unacknowledged.saturating_sub(outbox.len() as u64);
+        if unacknowledged > 0 {
+            return Err(StateError::NotAcknowledged(unacknowledged));
+        }
+        let held = std::mem::replace(
+            &mut self.held,
+            Held {
+                first_sequence: self.next_outbox_sequence,
+                ..Held::default()
+            },
+        );
         let mut batch = WriteBatch::default();
         for (family, entries) in &held.overlay {
             let handle = self.handle(family)?;

@@ -182,6 +182,7 @@ impl Shard {
             .read_meta(META_NEXT_SEQUENCE)?
             .map_or(0, |sequence| sequence as u64);
         shard.next_outbox_sequence = shard.next_outbox_sequence.max(persisted);
+        shard.held.first_sequence = shard.next_outbox_sequence;
         Ok(Some(shard))
     }
 

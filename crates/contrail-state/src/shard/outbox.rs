@@ -49,13 +49,28 @@ impl Shard {
             })
     }
 
-    /// Removes acknowledged outputs (one small write batch: a range deletion per run of
-    /// consecutive sequence numbers — acknowledgements mostly arrive in order — so a batch of
-    /// outputs costs one entry, not one per output).
-    pub fn acknowledge(&self, sequences: &[u64]) -> Result<(), StateError> {
+    /// Applies the broker's acknowledgements: an output of a held batch is counted (a commit
+    /// point waits for all of them, [`Shard::persist`]); one in the outbox is removed (one small
+    /// write batch: a range deletion per run of consecutive sequence numbers — acknowledgements
+    /// mostly arrive in order — so a batch of outputs costs one entry, not one per output).
+    pub fn acknowledge(&mut self, sequences: &[u64]) -> Result<(), StateError> {
+        let first_held = self.held.first_sequence;
+        let held = sequences
+            .iter()
+            .filter(|sequence| **sequence >= first_held)
+            .count();
+        self.held.acknowledged += held as u64;
+        if held == sequences.len() {
+            return Ok(());
+        }
+        let stored: Vec<u64> = sequences
+            .iter()
+            .copied()
+            .filter(|sequence| *sequence < first_held)
+            .collect();
         let mut batch = WriteBatch::default();
         let outbox = self.handle(cf::OUTBOX)?;
-        for run in consecutive_runs(sequences) {
+        for run in consecutive_runs(&stored) {
             if run.end - run.start == 1 {
                 batch.delete_cf(outbox, run.start.to_be_bytes());
             } else {
