@@ -284,6 +284,31 @@ impl StorageConfig {
     }
 }
 
+/// When a shard writes its held batches ([`BatchConfig::commit_interval_ms`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CommitPolicy {
+    /// How long batches are held at most (once acknowledged); `None`: every batch commits itself.
+    pub interval: Option<std::time::Duration>,
+    /// Held bytes above which a shard commits at its first chance.
+    pub max_held_bytes: usize,
+}
+
+impl CommitPolicy {
+    /// Whether a shard holding `held` is due: something held, every output acknowledged, and the
+    /// oldest batch older than the interval or the state over its budget (`force`: whenever the
+    /// outputs are acknowledged — a revocation, a checkpoint barrier).
+    pub fn due(&self, held: &contrail_state::HeldSummary, force: bool) -> bool {
+        held.batches > 0
+            && held.unacknowledged == 0
+            && (force
+                || held.bytes >= self.max_held_bytes
+                || match (self.interval, held.since) {
+                    (Some(interval), Some(since)) => since.elapsed() >= interval,
+                    _ => true,
+                })
+    }
+}
+
 /// Micro-batching: a batch holds what has arrived, up to `max_records`; only an empty batch waits
 /// (at most `max_wait_ms`) for its first record. Under load batches fill from the consumer's
 /// prefetched records; at low load a record is processed as soon as it arrives.
@@ -302,6 +327,16 @@ pub struct BatchConfig {
     pub max_wait_ms: u64,
     /// Outputs produced but not yet acknowledged by the broker above which consumption waits.
     pub max_unacknowledged: usize,
+    /// Commit points: a shard's batches are held in memory (state, timers, offset; outputs are
+    /// not kept) and written to RocksDB together once this long has passed since the oldest and
+    /// every output of them is acknowledged by the broker; a crash before that reprocesses them
+    /// from the previous commit point and regenerates the same outputs, which downstream drops by
+    /// position (docs/CONTRACT.md, "Guarantees across restarts"). `0`: every batch is committed
+    /// with its outputs in the outbox.
+    pub commit_interval_ms: u64,
+    /// A shard's held state (bytes of the entries written since its last commit point) above
+    /// which it commits as soon as its outputs are acknowledged, however short the interval.
+    pub max_held_mib: usize,
 }
 
 impl Default for BatchConfig {
@@ -311,11 +346,22 @@ impl Default for BatchConfig {
             threads: 0,
             max_wait_ms: 50,
             max_unacknowledged: 50_000,
+            commit_interval_ms: 1_000,
+            max_held_mib: 64,
         }
     }
 }
 
 impl BatchConfig {
+    /// When a shard's held batches are due for a commit point.
+    pub fn commit_policy(&self) -> CommitPolicy {
+        CommitPolicy {
+            interval: (self.commit_interval_ms > 0)
+                .then(|| std::time::Duration::from_millis(self.commit_interval_ms)),
+            max_held_bytes: self.max_held_mib << 20,
+        }
+    }
+
     /// The processing threads to run ([`BatchConfig::threads`] with `0` resolved).
     pub fn processing_threads(&self) -> usize {
         match self.threads {
@@ -467,6 +513,50 @@ impl DedupStateConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_commit_point_is_due_only_once_every_held_output_is_acknowledged() {
+        let policy = BatchConfig::default().commit_policy();
+        let old = std::time::Instant::now() - std::time::Duration::from_secs(2);
+        let held = contrail_state::HeldSummary {
+            batches: 3,
+            records: 100,
+            bytes: 1_000,
+            outputs: 200,
+            unacknowledged: 0,
+            since: Some(old),
+            ..Default::default()
+        };
+        assert!(
+            policy.due(&held, false),
+            "acknowledged and older than the interval"
+        );
+        let waiting = contrail_state::HeldSummary {
+            unacknowledged: 1,
+            ..held
+        };
+        assert!(!policy.due(&waiting, false) && !policy.due(&waiting, true));
+        let young = contrail_state::HeldSummary {
+            since: Some(std::time::Instant::now()),
+            ..held
+        };
+        assert!(!policy.due(&young, false), "younger than the interval");
+        assert!(policy.due(&young, true), "forced");
+        let big = contrail_state::HeldSummary {
+            bytes: 64 << 20,
+            ..young
+        };
+        assert!(policy.due(&big, false), "over the held budget");
+        assert!(
+            !policy.due(&contrail_state::HeldSummary::default(), true),
+            "nothing held"
+        );
+        let every_batch = BatchConfig {
+            commit_interval_ms: 0,
+            ..BatchConfig::default()
+        };
+        assert_eq!(every_batch.commit_policy().interval, None);
+    }
 
     #[test]
     fn a_rotation_deployment_must_read_the_by_tail_topic_in_a_group_of_its_own() {

@@ -107,6 +107,7 @@ pub async fn run(config: DedupStateConfig, shutdown: Shutdown) -> Result<(), Ded
             turn: config.rotation.rules(),
             max_message_bytes: config.kafka.max_message_bytes(),
             memory: config.storage.memory(),
+            commit: config.batch.commit_policy(),
             sampler: contrail_common::trace::Sampler::from_env(),
         },
         metrics.clone(),

@@ -14,11 +14,14 @@
 //! - **Batches**: polled records are held per partition; each partition's next batch runs on one of
 //!   `batch.threads` processing threads (or on the polling thread for 1), one batch per shard at a
 //!   time; a record below the shard's stored offset is already reflected in its state and skipped
-//!   (a stale fetch); one `process_batch` commits state, timers, outputs and the offset in one
-//!   write batch; then the outputs are produced.
-//! - **Outbox**: the producer's delivery reports come back on a channel; acknowledged outputs are
-//!   deleted from the outbox; a failed one fails the process (the restart re-sends the outbox in
-//!   order). Output order within a key follows commit order.
+//!   (a stale fetch); a batch is held in memory (`process_held`) and its outputs produced; a
+//!   commit point writes a shard's held batches (state, timers, offset) once their outputs are
+//!   all acknowledged and `batch.commit_interval_ms` has passed (with `0`, `process_batch` commits
+//!   every batch with its outputs in the outbox).
+//! - **Deliveries**: the producer's delivery reports come back on a channel; acknowledged outputs
+//!   are counted (held) or deleted from the outbox; a failed one fails the process (the restart
+//!   reprocesses from the last commit point and re-sends the outbox in order). Output order
+//!   within a key follows input order.
 //! - **Revocation**: waits for the shard's running batch (its slot), then flushes the outputs,
 //!   applies acknowledgements and closes the shard.
 //! - **Checkpoint barriers** arrive as commands between polls: the polling thread hands a
@@ -357,6 +360,9 @@ impl Driver<'_> {
             while let Ok(command) = commands.try_recv() {
                 match command {
                     Command::Checkpoint { epoch, reply } => {
+                        // The checkpoint holds what is committed: commit what may be first.
+                        shards.apply_deliveries();
+                        shards.persist_due(true);
                         let _ = reply.send(shards.checkpoint(epoch));
                     }
                 }
@@ -379,6 +385,7 @@ impl Driver<'_> {
                 );
             }
             shards.apply_deliveries();
+            shards.persist_due(false);
             while let Ok(finished) = done.try_recv() {
                 pending.running.remove(&finished.job.partition);
                 on_batch_done(consumer, settings, watch, &mut pending, &mut gaps, finished)?;

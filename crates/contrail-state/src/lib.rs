@@ -22,6 +22,6 @@ pub mod shard;
 pub use engine::{BatchResult, EngineConfig, InputRecord, KeyContext, StatefulProcessor, inspect};
 pub use error::StateError;
 pub use shard::{
-    Checkpointer, GIVE_UP_EVERY, OutboxRecord, Shard, ShardMemory, ShardProgress, StorageMemory, TimeDomain,
-    Timer,
+    Checkpointer, GIVE_UP_EVERY, HeldSummary, OutboxRecord, Shard, ShardMemory, ShardProgress, StorageMemory,
+    TimeDomain, Timer,
 };

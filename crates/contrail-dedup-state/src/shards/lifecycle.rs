@@ -165,6 +165,9 @@ impl ShardSet {
         self.apply_deliveries();
         for (partition, generation, shard) in &mut closing {
             self.acknowledge_queued(*partition, *generation, shard);
+            // Held batches whose outputs the broker has all acknowledged are written; otherwise
+            // the next owner reprocesses them from the previous commit point.
+            self.commit_if_due(*partition, shard, true);
         }
         let mut inner = self.lock();
         for partition in partitions {

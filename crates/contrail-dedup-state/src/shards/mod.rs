@@ -51,6 +51,8 @@ pub struct Processing {
     pub max_message_bytes: usize,
     /// RocksDB's block cache and memtable budget, shared by the shards.
     pub memory: contrail_state::StorageMemory,
+    /// When held batches are written ([`crate::config::BatchConfig::commit_interval_ms`]).
+    pub commit: crate::config::CommitPolicy,
     /// contrail's sampling decision for records whose producer flagged them sampled (a source
     /// writing to the raw topic directly must not make every record get spans).
     pub sampler: contrail_common::trace::Sampler,
