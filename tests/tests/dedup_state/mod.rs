@@ -14,6 +14,7 @@ use contrail_testkit::dedup::{
 use contrail_testkit::{Moments, create_topics, read_to_end_at_least, shared_broker, test_dir, unique};
 use rdkafka::message::OwnedMessage;
 
+mod commit_points;
 mod outage;
 mod rotation;
 
