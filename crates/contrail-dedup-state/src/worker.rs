@@ -385,7 +385,27 @@ impl Driver<'_> {
                 );
             }
             shards.apply_deliveries();
-            shards.persist_due(false);
+            match jobs {
+                // Commit points run on the processing threads, as batches without records.
+                Some(jobs) => {
+                    for partition in shards.due_for_commit() {
+                        if !pending.running.insert(partition) {
+                            continue;
+                        }
+                        let job = Job {
+                            partition,
+                            records: Vec::new(),
+                            accept_gap: false,
+                        };
+                        if jobs.send(job).is_err() {
+                            return Err(DedupStateError::Worker(
+                                "the processing threads stopped".to_owned(),
+                            ));
+                        }
+                    }
+                }
+                None => shards.persist_due(false),
+            }
             while let Ok(finished) = done.try_recv() {
                 pending.running.remove(&finished.job.partition);
                 on_batch_done(consumer, settings, watch, &mut pending, &mut gaps, finished)?;
@@ -587,6 +607,8 @@ fn on_batch_done(
     let JobDone { job, outcome } = finished;
     let partition = job.partition;
     match outcome? {
+        // A batch without records (a commit point) says nothing about a gap being retried.
+        Processed::Done if job.records.is_empty() => {}
         Processed::Done => {
             gaps.remove(&partition);
         }

@@ -43,6 +43,8 @@ impl ShardSet {
             return Ok(Processed::Done);
         };
         self.acknowledge_queued(partition, generation, shard);
+        // A commit point due (a batch without records is how the polling thread asks for one).
+        self.commit_if_due(partition, shard, false);
         let from = shard.progress().next_offset.unwrap_or(i64::MIN);
         let records: Vec<&OwnedRecord> = records.iter().filter(|record| record.offset >= from).collect();
         let traced = TracedBatch::new(partition, &records, &self.processing.sampler);
@@ -181,8 +183,25 @@ impl ShardSet {
         }
     }
 
-    /// Commit points for every owned shard that is due and not busy with a batch (`force`: every
-    /// one whose held outputs are all acknowledged — before a checkpoint).
+    /// The owned shards not busy with a batch whose commit point is due: the polling thread
+    /// hands each to a processing thread as a batch without records, so the write does not hold
+    /// up polling and the other shards' batches.
+    pub(crate) fn due_for_commit(&self) -> Vec<i32> {
+        self.slots(None)
+            .into_iter()
+            .filter(|(_, _, slot)| {
+                slot.try_lock().is_ok_and(|guard| {
+                    guard
+                        .as_ref()
+                        .is_some_and(|shard| self.processing.commit.due(&shard.held(), false))
+                })
+            })
+            .map(|(partition, _, _)| partition)
+            .collect()
+    }
+
+    /// Commit points for every owned shard that is due and not busy with a batch, on the calling
+    /// thread (`force`: every one whose held outputs are all acknowledged — before a checkpoint).
     pub(crate) fn persist_due(&self, force: bool) {
         for (partition, _, slot) in self.slots(None) {
             if let Ok(mut guard) = slot.try_lock()

@@ -65,7 +65,6 @@ impl ShardSet {
                 if let Err(error) = shard.acknowledge(&sequences) {
                     self.fail(error.to_string());
                 }
-                self.commit_if_due(partition, shard, false);
             }
             // Reports of an earlier open: its outputs are re-sent from the outbox by this one.
             Some(_) => {}
