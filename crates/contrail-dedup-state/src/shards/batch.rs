@@ -75,7 +75,7 @@ impl ShardSet {
             });
         }
         let now_us = chrono::Utc::now().timestamp_micros();
-        // Held batches wait for a commit point (`persist_due`); without a commit interval every
+        // Held batches wait for a commit point (`commit_if_due`); without a commit interval every
         // batch commits itself with its outputs in the outbox.
         let held = self.processing.commit.interval.is_some();
         let engine = EngineConfig {
@@ -91,17 +91,19 @@ impl ShardSet {
                 let rules = self.processing.rules;
                 let mut processor =
                     FlightProcessor::new(rules, topics, partition, metrics, max_bytes).with_clock(now_us);
-                match held {
-                    true => shard.process_held(&inputs, &mut processor, &engine),
-                    false => shard.process_batch(&inputs, &mut processor, &engine, now_us),
+                if held {
+                    shard.process_held(&inputs, &mut processor, &engine)
+                } else {
+                    shard.process_batch(&inputs, &mut processor, &engine, now_us)
                 }
             }
             ProcessorKind::Rotation => {
                 let rules = self.processing.turn.clone();
                 let mut processor = RotationProcessor::new(rules, topics, partition, metrics, max_bytes);
-                match held {
-                    true => shard.process_held(&inputs, &mut processor, &engine),
-                    false => shard.process_batch(&inputs, &mut processor, &engine, now_us),
+                if held {
+                    shard.process_held(&inputs, &mut processor, &engine)
+                } else {
+                    shard.process_batch(&inputs, &mut processor, &engine, now_us)
                 }
             }
         })?;
@@ -164,10 +166,10 @@ impl ShardSet {
     /// whenever its held outputs are all acknowledged). A failed write fails the shard set: the
     /// restart reopens the shard at its previous commit point.
     pub(super) fn commit_if_due(&self, partition: i32, shard: &mut Shard, force: bool) {
-        if !self.processing.commit.due(&shard.held(), force) {
+        let held = shard.held();
+        if !self.processing.commit.due(&held, force) {
             return;
         }
-        let held = shard.held();
         match shard.persist() {
             Ok(()) => {
                 self.metrics.commits.inc();

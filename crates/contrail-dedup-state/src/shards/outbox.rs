@@ -56,8 +56,8 @@ impl ProducerContext for OutputContext {
 }
 
 impl ShardSet {
-    /// Deletes the acknowledged outputs queued for `partition` from `shard` (of `generation`),
-    /// whose slot the caller holds.
+    /// Applies the acknowledgements queued for `partition` to `shard` (of `generation`), whose
+    /// slot the caller holds: held outputs are counted, outbox outputs deleted.
     pub(super) fn acknowledge_queued(&self, partition: i32, generation: u64, shard: &mut Shard) {
         let queued = self.lock().acknowledged.remove(&partition);
         match queued {

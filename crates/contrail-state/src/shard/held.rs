@@ -199,15 +199,25 @@ impl Shard {
         if unacknowledged > 0 {
             return Err(StateError::NotAcknowledged(unacknowledged));
         }
-        let held = std::mem::replace(
-            &mut self.held,
-            Held {
-                first_sequence: self.next_outbox_sequence,
-                ..Held::default()
-            },
-        );
+        let written = self
+            .commit_batch(outbox)
+            .and_then(|batch| self.db.write(batch).map_err(|error| self.storage_error(error)));
+        if let Err(error) = written {
+            self.failed = Some(error.to_string());
+            return Err(error);
+        }
+        self.held = Held {
+            first_sequence: self.next_outbox_sequence,
+            ..Held::default()
+        };
+        self.persisted = self.progress;
+        Ok(())
+    }
+
+    /// The write batch of a commit point: everything held, `outbox`, and the progress.
+    fn commit_batch(&self, outbox: &[(u64, &OutboxRecord)]) -> Result<WriteBatch, StateError> {
         let mut batch = WriteBatch::default();
-        for (family, entries) in &held.overlay {
+        for (family, entries) in &self.held.overlay {
             let handle = self.handle(family)?;
             for (key, value) in entries {
                 match value {
@@ -217,7 +227,7 @@ impl Shard {
             }
         }
         let by_time = self.handle(cf::TIMERS_BY_TIME)?;
-        for (timer, put) in &held.timers {
+        for (timer, put) in &self.held.timers {
             if *put {
                 batch.put_cf(by_time, timer.by_time_key(), []);
             } else {
@@ -244,11 +254,6 @@ impl Shard {
             META_NEXT_SEQUENCE,
             keys::encode_time(self.next_outbox_sequence as i64),
         );
-        if let Err(error) = self.db.write(batch) {
-            self.failed = Some(error.to_string());
-            return Err(self.storage_error(error));
-        }
-        self.persisted = self.progress;
-        Ok(())
+        Ok(batch)
     }
 }
