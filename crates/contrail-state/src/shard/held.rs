@@ -119,7 +119,7 @@ impl Shard {
         let outputs = self.next_outbox_sequence - self.held.first_sequence;
         HeldSummary {
             outputs,
-            unacknowledged: outputs - self.held.acknowledged,
+            unacknowledged: outputs.saturating_sub(self.held.acknowledged),
             since: self.held.since,
             batches: self.held.batches,
             records: self.held.records,
